@@ -1,0 +1,32 @@
+"""kproxy's sans-I/O Kafka codec: bytes in, decoded messages and events out.
+
+No sockets and no asyncio here: the proxy's I/O layer feeds bytes in and
+forwards bytes out; this package only interprets them.
+
+- ``decode_request(frame)`` / ``encode_request(request)``: a request frame
+  (the bytes after the int32 size prefix) ⇄ ``Request``.
+- ``decode_response(frame, api_key, api_version)`` /
+  ``encode_response(response, api_key, api_version)``: responses need the
+  request's key and version, which the wire does not repeat.
+- Bodies are ``Struct`` objects whose attributes are the snake_case names of
+  the fields in Kafka's message definitions (``body.brokers[0].host``);
+  unknown API keys/versions give an ``OpaqueBody`` that re-encodes unchanged.
+- Re-encoding a decoded frame gives the same bytes.
+- ``DecodeError`` is the only exception decoding raises, whatever the input.
+- ``records`` decodes record batches on demand; ``connection`` pairs requests
+  and responses on a byte stream.
+"""
+
+from ._codec import Struct, Uuid
+from .errors import DecodeError
+from .messages import (OpaqueBody, Request, Response, decode_request, decode_response,
+                       encode_request, encode_response, new_body)
+from .schema import (API_KEYS, API_NAMES, SCHEMA_SOURCES, api_name, error_name, is_known,
+                     request_header_version, response_header_version, version_range)
+
+__all__ = [
+    "API_KEYS", "API_NAMES", "DecodeError", "OpaqueBody", "Request", "Response",
+    "SCHEMA_SOURCES", "Struct", "Uuid", "api_name", "decode_request", "decode_response",
+    "encode_request", "encode_response", "error_name", "is_known", "new_body",
+    "request_header_version", "response_header_version", "version_range",
+]

@@ -1,0 +1,596 @@
+"""Schema-driven struct codecs, compiled once per (message, version).
+
+The schema is data; decoding it field by field through the schema rows on
+every frame would be slow. Instead, the first time a (message, version) is
+seen, its rows are turned into a flat list of small reader/writer closures:
+runs of fixed-width fields collapse into one precompiled ``struct.Struct``,
+arrays of fixed-width primitives decode in one ``unpack_from``, and tagged
+fields are looked up in a per-struct table. Compiled codecs are cached.
+
+Decoding is strict wherever leniency would break byte-identical re-encoding
+(non-minimal varints, booleans other than 0/1, presence bytes other than
+-1/1, trailing bytes), and lossless elsewhere: strings decode with
+``surrogateescape``, unknown tagged fields are kept raw, and the order of
+tagged fields as received is remembered.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from typing import Any, Callable
+
+from .errors import DecodeError
+from .schema import FieldSpec, MessageSpec
+
+Reader = Callable[[Any, int], tuple[Any, int]]   # (buffer, pos) -> (value, new pos)
+Writer = Callable[[Any, bytearray], None]        # (value, out) -> None
+
+FIXED = {"int8": "b", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I",
+         "int64": "q", "float64": "d"}
+MAX_VARINT_BYTES = 5     # an unsigned 32-bit varint never needs more
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I8 = struct.Struct(">b")
+
+
+class Uuid(bytes):
+    """A Kafka UUID: 16 raw bytes, shown the way Kafka shows it (URL-safe base64)."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return base64.urlsafe_b64encode(self).rstrip(b"=").decode("ascii")
+
+    def __repr__(self) -> str:
+        return f"Uuid({str(self)!r})"
+
+    @classmethod
+    def parse(cls, text: str) -> "Uuid":
+        return cls(base64.urlsafe_b64decode(text + "=="))
+
+
+ZERO_UUID = Uuid(bytes(16))
+
+
+class Struct:
+    """A decoded Kafka struct: fields as snake_case attributes.
+
+    Attributes starting with ``_`` are codec bookkeeping (tagged-field order
+    and unknown tagged fields as received) and are not fields.
+    """
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+    def fields(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k[0] != "_"}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dicts/lists (bytes, UUIDs and records left as they are)."""
+        return {k: _plain(v) for k, v in self.fields().items()}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Struct) and self.fields() == other.fields()
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.fields().items())
+        return f"Struct({inner})"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Struct):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _new_struct(fields: dict) -> Struct:
+    obj = Struct.__new__(Struct)
+    obj.__dict__ = fields
+    return obj
+
+
+# ------------------------------------------------------------ primitives
+
+def read_uvarint(buf, pos: int) -> tuple[int, int]:
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    result = b & 0x7F
+    shift = 7
+    end = pos + MAX_VARINT_BYTES
+    pos += 1
+    while True:
+        if pos >= end:
+            raise DecodeError("varint longer than 5 bytes")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            if b == 0:
+                raise DecodeError("non-minimal varint")
+            return result, pos
+        shift += 7
+
+
+def write_uvarint(value: int, out: bytearray) -> None:
+    if value < 0 or value > 0xFFFFFFFF:
+        raise ValueError(f"unsigned varint out of range: {value}")
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _length_checked(buf, pos: int, n: int) -> int:
+    end = pos + n
+    if end > len(buf):
+        raise DecodeError(f"length {n} runs past the end of the frame")
+    return end
+
+
+def _text(buf, pos: int, end: int) -> str:
+    return str(buf[pos:end], "utf-8", "surrogateescape")
+
+
+def _encode_text(value: str) -> bytes:
+    return value.encode("utf-8", "surrogateescape")
+
+
+def _string_reader(flexible: bool, nullable: bool) -> Reader:
+    if flexible:
+        def read(buf, pos):
+            n, pos = read_uvarint(buf, pos)
+            if n == 0:
+                if nullable:
+                    return None, pos
+                raise DecodeError("null in a non-nullable string")
+            end = _length_checked(buf, pos, n - 1)
+            return _text(buf, pos, end), end
+    else:
+        def read(buf, pos):
+            n, = _I16.unpack_from(buf, pos)
+            pos += 2
+            if n < 0:
+                if n == -1 and nullable:
+                    return None, pos
+                raise DecodeError(f"bad string length {n}")
+            end = _length_checked(buf, pos, n)
+            return _text(buf, pos, end), end
+    return read
+
+
+def _string_writer(flexible: bool) -> Writer:
+    if flexible:
+        def write(value, out):
+            if value is None:
+                out.append(0)
+                return
+            data = _encode_text(value)
+            write_uvarint(len(data) + 1, out)
+            out += data
+    else:
+        def write(value, out):
+            if value is None:
+                out += b"\xff\xff"
+                return
+            data = _encode_text(value)
+            out += _I16.pack(len(data))
+            out += data
+    return write
+
+
+def _bytes_reader(flexible: bool, nullable: bool, zero_copy: bool) -> Reader:
+    """Bytes fields; ``records`` fields are returned as memoryview slices (no copy)."""
+    def slice_of(buf, pos, end):
+        if zero_copy:
+            return memoryview(buf)[pos:end]
+        return bytes(buf[pos:end])
+
+    if flexible:
+        def read(buf, pos):
+            n, pos = read_uvarint(buf, pos)
+            if n == 0:
+                if nullable:
+                    return None, pos
+                raise DecodeError("null in non-nullable bytes")
+            end = _length_checked(buf, pos, n - 1)
+            return slice_of(buf, pos, end), end
+    else:
+        def read(buf, pos):
+            n, = _I32.unpack_from(buf, pos)
+            pos += 4
+            if n < 0:
+                if n == -1 and nullable:
+                    return None, pos
+                raise DecodeError(f"bad bytes length {n}")
+            end = _length_checked(buf, pos, n)
+            return slice_of(buf, pos, end), end
+    return read
+
+
+def _bytes_writer(flexible: bool) -> Writer:
+    if flexible:
+        def write(value, out):
+            if value is None:
+                out.append(0)
+                return
+            write_uvarint(len(value) + 1, out)
+            out += value
+    else:
+        def write(value, out):
+            if value is None:
+                out += b"\xff\xff\xff\xff"
+                return
+            out += _I32.pack(len(value))
+            out += value
+    return write
+
+
+def _read_bool(buf, pos):
+    b = buf[pos]
+    if b > 1:
+        raise DecodeError(f"boolean byte {b}")
+    return b == 1, pos + 1
+
+
+def _write_bool(value, out):
+    out.append(1 if value else 0)
+
+
+def _read_uuid(buf, pos):
+    end = _length_checked(buf, pos, 16)
+    return Uuid(buf[pos:end]), end
+
+
+def _write_uuid(value, out):
+    if len(value) != 16:
+        raise ValueError("a UUID is 16 bytes")
+    out += value
+
+
+def _fixed_reader(code: str) -> Reader:
+    s = struct.Struct(">" + code)
+    size = s.size
+    unpack = s.unpack_from
+
+    def read(buf, pos):
+        return unpack(buf, pos)[0], pos + size
+    return read
+
+
+def _fixed_writer(code: str) -> Writer:
+    pack = struct.Struct(">" + code).pack
+
+    def write(value, out):
+        out += pack(value)
+    return write
+
+
+def _array_length_reader(flexible: bool, nullable: bool):
+    """Returns n (or -1 for null) and the new position; rejects absurd counts."""
+    if flexible:
+        def read(buf, pos):
+            n, pos = read_uvarint(buf, pos)
+            n -= 1
+            if n < 0 and not nullable:
+                raise DecodeError("null in a non-nullable array")
+            if n > len(buf) - pos:
+                raise DecodeError(f"array count {n} exceeds the bytes left")
+            return n, pos
+    else:
+        def read(buf, pos):
+            n, = _I32.unpack_from(buf, pos)
+            pos += 4
+            if n < 0 and not (n == -1 and nullable):
+                raise DecodeError(f"bad array count {n}")
+            if n > len(buf) - pos:
+                raise DecodeError(f"array count {n} exceeds the bytes left")
+            return n, pos
+    return read
+
+
+def _array_length_writer(flexible: bool) -> Writer:
+    if flexible:
+        def write(value, out):
+            write_uvarint(0 if value is None else len(value) + 1, out)
+    else:
+        def write(value, out):
+            out += _I32.pack(-1 if value is None else len(value))
+    return write
+
+
+# ------------------------------------------------------------ compiler
+
+def _in(span: tuple[int, int] | None, version: int) -> bool:
+    return span is not None and span[0] <= version <= span[1]
+
+
+class StructCodec:
+    """Reader and writer for one struct at one version."""
+
+    __slots__ = ("name", "read", "write", "defaults")
+
+    def __init__(self, name: str, read: Reader, write: Writer, defaults: dict):
+        self.name = name
+        self.read = read
+        self.write = write
+        self.defaults = defaults
+
+
+class _Compiler:
+    def __init__(self, spec: MessageSpec, version: int):
+        self.spec = spec
+        self.version = version
+        self.flexible = spec.is_flexible(version)
+        self.cache: dict[str, StructCodec] = {}
+
+    def struct(self, name: str, rows: tuple[FieldSpec, ...]) -> StructCodec:
+        if name in self.cache:
+            return self.cache[name]
+        v = self.version
+        present = [f for f in rows if _in(f.versions, v)]
+        regular = [f for f in present if not _in(f.tagged, v)]
+        tagged = [f for f in present if _in(f.tagged, v)]
+        defaults = {f.name: self.default(f) for f in present}
+
+        # Decode plan: ("group", Struct, names) or ("one", name, reader).
+        plan: list[tuple] = []
+        for f in regular:
+            code = FIXED.get(f.type)
+            if code is not None and plan and plan[-1][0] == "group":
+                _, codes, names = plan[-1]
+                plan[-1] = ("group", codes + code, names + (f.name,))
+            elif code is not None:
+                plan.append(("group", code, (f.name,)))
+            else:
+                plan.append(("one", f.name, self.reader(f), self.writer(f)))
+        steps = []
+        for step in plan:
+            if step[0] == "group":
+                s = struct.Struct(">" + step[1])
+                steps.append((True, step[2], s.unpack_from, s.size, s.pack))
+            else:
+                steps.append((False, step[1], step[2], 0, step[3]))
+        steps = tuple(steps)
+        tag_table = {f.tag: (f.name, self.reader(f), self.writer(f)) for f in tagged}
+        flexible = self.flexible
+        struct_name = name
+
+        def read(buf, pos):
+            d = {}
+            fname = None
+            try:
+                for is_group, names, reader, size, _ in steps:
+                    if is_group:
+                        fname = names[0]
+                        values = reader(buf, pos)
+                        pos += size
+                        if len(names) == 1:
+                            d[names[0]] = values[0]
+                        else:
+                            d.update(zip(names, values))
+                    else:
+                        fname = names
+                        d[names], pos = reader(buf, pos)
+                if flexible:
+                    fname = "<tagged fields>"
+                    pos = _read_tagged(buf, pos, d, tag_table, defaults)
+            except DecodeError as exc:
+                raise DecodeError(f"{struct_name}.{fname}: {exc}") from None
+            except (struct.error, IndexError) as exc:
+                raise DecodeError(f"{struct_name}.{fname} at byte {pos}: truncated ({exc})") from None
+            return _new_struct(d), pos
+
+        def write(obj, out):
+            values = obj.__dict__
+            for is_group, names, _, _, writer in steps:
+                if is_group:
+                    out += writer(*[values.get(n, defaults[n]) for n in names])
+                else:
+                    writer(values.get(names, defaults[names]), out)
+            if flexible:
+                _write_tagged(values, out, tag_table, defaults)
+
+        codec = StructCodec(name, read, write, defaults)
+        self.cache[name] = codec
+        return codec
+
+    def default(self, f: FieldSpec):
+        if f.type.startswith("[]"):
+            return None if _in(f.nullable, self.version) and f.default is None else []
+        if f.type == "uuid":
+            return ZERO_UUID
+        if f.type in self.spec.structs:
+            if self.nullable(f):
+                return None
+            nested = self.struct(f.type, self.spec.structs[f.type]).defaults
+            return _new_struct(dict(nested))    # shared, read-only: encode fallback and tag comparison
+        return f.default
+
+    def nullable(self, f: FieldSpec) -> bool:
+        return _in(f.nullable, self.version)
+
+    def reader(self, f: FieldSpec) -> Reader:
+        t, flexible, nullable = f.type, self.flexible, self.nullable(f)
+        if t.startswith("[]"):
+            return self.array_reader(t[2:], flexible, nullable)
+        return self.scalar_reader(t, flexible, nullable)
+
+    def writer(self, f: FieldSpec) -> Writer:
+        t, flexible = f.type, self.flexible
+        if t.startswith("[]"):
+            return self.array_writer(t[2:], flexible)
+        return self.scalar_writer(t, flexible, self.nullable(f))
+
+    def scalar_reader(self, t: str, flexible: bool, nullable: bool) -> Reader:
+        if t in FIXED:
+            return _fixed_reader(FIXED[t])
+        if t == "string":
+            return _string_reader(flexible, nullable)
+        if t in ("bytes", "records"):
+            return _bytes_reader(flexible, nullable, zero_copy=(t == "records"))
+        if t == "bool":
+            return _read_bool
+        if t == "uuid":
+            return _read_uuid
+        inner = self.struct(t, self.spec.structs[t]).read
+        if not nullable:
+            return inner
+
+        def read_nullable_struct(buf, pos):
+            marker, = _I8.unpack_from(buf, pos)
+            if marker == -1:
+                return None, pos + 1
+            if marker != 1:
+                raise DecodeError(f"struct presence byte {marker}")
+            return inner(buf, pos + 1)
+        return read_nullable_struct
+
+    def scalar_writer(self, t: str, flexible: bool, nullable: bool) -> Writer:
+        if t in FIXED:
+            return _fixed_writer(FIXED[t])
+        if t == "string":
+            return _string_writer(flexible)
+        if t in ("bytes", "records"):
+            return _bytes_writer(flexible)
+        if t == "bool":
+            return _write_bool
+        if t == "uuid":
+            return _write_uuid
+        inner = self.struct(t, self.spec.structs[t]).write
+        if not nullable:
+            return inner
+
+        def write_nullable_struct(value, out):
+            if value is None:
+                out.append(0xFF)
+            else:
+                out.append(1)
+                inner(value, out)
+        return write_nullable_struct
+
+    def array_reader(self, element: str, flexible: bool, nullable: bool) -> Reader:
+        read_len = _array_length_reader(flexible, nullable)
+        code = FIXED.get(element)
+        if code is not None:
+            size = struct.calcsize(">" + code)
+
+            def read_fixed_array(buf, pos):
+                n, pos = read_len(buf, pos)
+                if n < 0:
+                    return None, pos
+                return list(struct.unpack_from(f">{n}{code}", buf, pos)), pos + n * size
+            return read_fixed_array
+        item = self.scalar_reader(element, flexible, False)
+
+        def read_array(buf, pos):
+            n, pos = read_len(buf, pos)
+            if n < 0:
+                return None, pos
+            items = []
+            append = items.append
+            for _ in range(n):
+                value, pos = item(buf, pos)
+                append(value)
+            return items, pos
+        return read_array
+
+    def array_writer(self, element: str, flexible: bool) -> Writer:
+        write_len = _array_length_writer(flexible)
+        code = FIXED.get(element)
+        if code is not None:
+            def write_fixed_array(value, out):
+                write_len(value, out)
+                if value:
+                    out += struct.pack(f">{len(value)}{code}", *value)
+            return write_fixed_array
+        item = self.scalar_writer(element, flexible, False)
+
+        def write_array(value, out):
+            write_len(value, out)
+            if value:
+                for v in value:
+                    item(v, out)
+        return write_array
+
+
+def _read_tagged(buf, pos: int, d: dict, table: dict, defaults: dict) -> int:
+    count, pos = read_uvarint(buf, pos)
+    if count == 0:
+        for name, _, _ in table.values():
+            d[name] = defaults[name]
+        return pos
+    order = []
+    unknown = None
+    seen = set()
+    for _ in range(count):
+        tag, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
+        end = _length_checked(buf, pos, size)
+        if tag in seen:
+            raise DecodeError(f"tag {tag} repeated")
+        seen.add(tag)
+        order.append(tag)
+        known = table.get(tag)
+        if known is None:
+            if unknown is None:
+                unknown = {}
+            unknown[tag] = bytes(buf[pos:end])
+        else:
+            value, after = known[1](buf, pos)
+            if after != end:
+                raise DecodeError(f"tagged field {known[0]} is {size} bytes but decoded {after - pos}")
+            d[known[0]] = value
+        pos = end
+    for name, _, _ in table.values():
+        if name not in d:
+            d[name] = defaults[name]
+    d["_tag_order"] = tuple(order)
+    if unknown is not None:
+        d["_unknown_tags"] = unknown
+    return pos
+
+
+def _write_tagged(values: dict, out: bytearray, table: dict, defaults: dict) -> None:
+    """Tagged fields as received (same order, same set), else the non-default ones by tag."""
+    order = values.get("_tag_order")
+    unknown = values.get("_unknown_tags") or {}
+    emit = []
+    if order is not None:
+        emit.extend(order)
+    for tag, (name, _, _) in sorted(table.items()):
+        if tag not in emit and values.get(name, defaults[name]) != defaults[name]:
+            emit.append(tag)
+    for tag in sorted(unknown):
+        if tag not in emit:
+            emit.append(tag)
+    write_uvarint(len(emit), out)
+    for tag in emit:
+        known = table.get(tag)
+        if known is not None:
+            name, _, writer = known
+            payload = bytearray()
+            writer(values.get(name, defaults[name]), payload)
+        elif tag in unknown:
+            payload = unknown[tag]
+        else:
+            raise ValueError(f"tag {tag} was received but its value is gone")
+        write_uvarint(tag, out)
+        write_uvarint(len(payload), out)
+        out += payload
+
+
+_CODECS: dict[tuple[int, str, int], StructCodec] = {}
+
+
+def message_codec(spec: MessageSpec, version: int) -> StructCodec:
+    """The compiled codec for a message body at a version the spec has (cached)."""
+    key = (spec.api_key, spec.kind, version)
+    codec = _CODECS.get(key)
+    if codec is None:
+        codec = _Compiler(spec, version).struct(spec.name, spec.fields)
+        _CODECS[key] = codec
+    return codec
