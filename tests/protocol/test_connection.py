@@ -1,0 +1,176 @@
+"""The connection tracker: framing, pairing, acks=0, SASL v0 raw tokens, limits, timing."""
+
+import struct
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
+from kproxy.protocol.connection import (Connection, FrameTooLarge, MalformedFrame, RequestReceived,
+                                        ResponseReceived, SaslTokenPassed)
+
+
+def framed(payload: bytes) -> bytes:
+    return struct.pack(">i", len(payload)) + payload
+
+
+def request_bytes(api_key, version, correlation_id, **fields):
+    body = new_body("request", api_key, version, **fields)
+    return framed(encode_request(Request(api_key, version, correlation_id, "test", body)))
+
+
+def response_bytes(api_key, version, correlation_id, **fields):
+    body = new_body("response", api_key, version, **fields)
+    return framed(encode_response(Response(correlation_id, body), api_key, version))
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def produce(version, correlation_id, acks):
+    return request_bytes(0, version, correlation_id, acks=acks, transactional_id=None, timeout_ms=1000,
+                         topic_data=[Struct(name="t", topic_id=None, partition_data=[Struct(index=0, records=b"x" * 10)])]
+                         if version < 13 else [])
+
+
+def test_pairs_pipelined_requests_in_order_and_times_them():
+    clock = FakeClock()
+    conn = Connection(clock=clock)
+    events = conn.receive_client(request_bytes(3, 12, 1, topics=None) + request_bytes(18, 3, 2))
+    assert [type(e) for e in events] == [RequestReceived, RequestReceived]
+    assert conn.in_flight == 2
+    clock.now += 0.25
+    [first] = conn.receive_broker(response_bytes(3, 12, 1, cluster_id="c"))
+    clock.now += 0.5
+    [second] = conn.receive_broker(response_bytes(18, 3, 2))
+    assert (first.api_key, first.correlation_id, first.latency) == (3, 1, 0.25)
+    assert first.response.body.cluster_id == "c"
+    assert (second.api_key, second.api_version, second.latency) == (18, 3, 0.75)
+    assert conn.in_flight == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(cuts=st.lists(st.integers(1, 400), min_size=1, max_size=30))
+def test_any_chunking_gives_the_same_events(cuts):
+    client = b"".join(request_bytes(3, v, i, topics=None) for i, v in enumerate(range(1, 13)))
+    broker = b"".join(response_bytes(3, v, i) for i, v in enumerate(range(1, 13)))
+    conn = Connection()
+    seen = []
+    for stream, feed in ((client, conn.receive_client), (broker, conn.receive_broker)):
+        pos = 0
+        for cut in cuts * 20:
+            if pos >= len(stream):
+                break
+            seen += feed(stream[pos:pos + cut])
+            pos += cut
+        seen += feed(stream[pos:])
+    requests = [e for e in seen if isinstance(e, RequestReceived)]
+    responses = [e for e in seen if isinstance(e, ResponseReceived)]
+    assert [r.correlation_id for r in requests] == list(range(12))
+    assert [(r.correlation_id, r.api_version) for r in responses] == [(i, v) for i, v in enumerate(range(1, 13))]
+    assert all(r.response is not None and r.decode_error is None for r in responses)
+    assert conn.buffered == 0
+
+
+@pytest.mark.parametrize("version", [3, 7, 9, 11, 13])
+def test_produce_acks_zero_expects_no_response(version):
+    conn = Connection()
+    [fire_and_forget] = conn.receive_client(produce(version, 1, acks=0))
+    [acked] = conn.receive_client(produce(version, 2, acks=-1))
+    assert not fire_and_forget.expects_response and acked.expects_response
+    assert conn.in_flight == 1
+    [resp] = conn.receive_broker(response_bytes(0, version, 2))
+    assert resp.request_event is acked
+
+
+def test_skipped_response_is_counted_and_pairing_recovers():
+    conn = Connection()
+    conn.receive_client(request_bytes(18, 3, 1) + request_bytes(18, 3, 2))
+    [resp] = conn.receive_broker(response_bytes(18, 3, 2))
+    assert resp.correlation_id == 2 and conn.unanswered == 1 and conn.in_flight == 0
+    [stray] = conn.receive_broker(response_bytes(18, 3, 99))
+    assert isinstance(stray, MalformedFrame) and "99" in stray.reason
+
+
+def sasl_v0_handshake(conn, mechanism):
+    conn.receive_client(request_bytes(17, 0, 1, mechanism=mechanism))
+    [resp] = conn.receive_broker(response_bytes(17, 0, 1, error_code=0, mechanisms=[mechanism]))
+    assert resp.response.body.error_code == 0
+    assert conn.in_raw_sasl
+
+
+@pytest.mark.parametrize("mechanism,rounds", [("PLAIN", 1), ("SCRAM-SHA-256", 2), ("SCRAM-SHA-512", 2)])
+def test_sasl_v0_raw_tokens_pass_opaque_then_kafka_resumes(mechanism, rounds):
+    conn = Connection()
+    sasl_v0_handshake(conn, mechanism)
+    secret = b"\x00user\x00hunter2"
+    for _ in range(rounds):
+        [token] = conn.receive_client(framed(secret))
+        assert isinstance(token, SaslTokenPassed) and token.size == len(secret) + 4
+        assert not hasattr(token, "frame")          # the token's bytes are not kept anywhere
+        [answer] = conn.receive_broker(framed(b"server-token"))
+        assert isinstance(answer, SaslTokenPassed) and answer.direction == "broker"
+    assert not conn.in_raw_sasl
+    [meta] = conn.receive_client(request_bytes(3, 12, 2, topics=None))
+    assert isinstance(meta, RequestReceived) and meta.request.body.topics is None
+
+
+def test_sasl_v0_unknown_mechanism_ends_at_first_real_request():
+    conn = Connection()
+    sasl_v0_handshake(conn, "GSSAPI")
+    for token in (b"\x60\x82kerberos-ish", b"\x05\x04more"):
+        assert isinstance(conn.receive_client(framed(token))[0], SaslTokenPassed)
+        assert isinstance(conn.receive_broker(framed(b"reply"))[0], SaslTokenPassed)
+    [meta] = conn.receive_client(request_bytes(3, 9, 5, topics=None))
+    assert isinstance(meta, RequestReceived) and not conn.in_raw_sasl
+
+
+def test_failed_sasl_handshake_stays_in_kafka_mode():
+    conn = Connection()
+    conn.receive_client(request_bytes(17, 0, 1, mechanism="NOPE"))
+    conn.receive_broker(response_bytes(17, 0, 1, error_code=33, mechanisms=["PLAIN"]))
+    assert not conn.in_raw_sasl
+
+
+def test_oversized_and_negative_frames_are_refused():
+    conn = Connection(max_frame_size=1024)
+    with pytest.raises(FrameTooLarge, match="2000 bytes"):
+        conn.receive_client(struct.pack(">i", 2000))
+    with pytest.raises(FrameTooLarge):
+        Connection().receive_broker(struct.pack(">i", -5))
+
+
+def test_garbage_request_is_reported_not_raised():
+    conn = Connection()
+    [short] = conn.receive_client(framed(b"\x00\x03"))
+    assert isinstance(short, MalformedFrame)
+    [bad] = conn.receive_client(framed(b"\x00\x03\x00\x0c\x00\x00\x00\x07\xff\xfe"))
+    assert isinstance(bad, RequestReceived) and bad.request is None
+    assert "client_id" in str(bad.decode_error) or "truncated" in str(bad.decode_error)
+
+
+def test_unknown_api_version_is_opaque_but_paired():
+    conn = Connection()
+    frame = framed(struct.pack(">hhih", 3, 99, 42, 2) + b"me" + b"\x01\x02\x03")
+    [req] = conn.receive_client(frame)
+    assert req.request.is_opaque and req.request.client_id == "me"
+    [resp] = conn.receive_broker(framed(struct.pack(">i", 42) + b"future"))
+    assert resp.response.is_opaque and resp.response.body.data == b"future"
+
+
+def test_api_versions_unsupported_version_fallback():
+    """A broker answers too-new ApiVersions with header v0 and a v0 body carrying error 35."""
+    conn = Connection()
+    conn.receive_client(framed(struct.pack(">hhih", 18, 5, 7, 1) + b"c" + b"\x00\x00"))
+    body_v0 = struct.pack(">hi", 35, 1) + struct.pack(">hhh", 18, 0, 3)
+    [resp] = conn.receive_broker(framed(struct.pack(">i", 7) + body_v0))
+    decoded = resp.response
+    assert decoded.body.error_code == 35 and decoded.body_version == 0
+    assert decoded.body.api_keys[0].max_version == 3
+    from kproxy.protocol import encode_response
+    assert encode_response(decoded, 18, 5) == bytes(resp.frame)
