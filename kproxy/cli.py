@@ -1,0 +1,138 @@
+"""Command line: ``kproxy demo`` (and, with the proxy issue, ``kproxy run``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+import sys
+import threading
+import time
+
+from .protocol import error_name
+from .protocol.connection import ResponseReceived
+
+DEMO_TOPIC = "kproxy-demo"
+DEMO_BATCH = 20               # messages produced (and consumed) per traffic round
+DEMO_ROUND_PAUSE_S = 3.0      # slow enough to read the decoded lines as they scroll
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _errors_in(body, found=None) -> list[str]:
+    """Non-zero error codes anywhere in a decoded body, by Kafka's names."""
+    found = [] if found is None else found
+    for name, value in getattr(body, "__dict__", {}).items():
+        if name == "error_code" and value:
+            found.append(error_name(value))
+        elif isinstance(value, list):
+            for item in value:
+                _errors_in(item, found)
+        elif hasattr(value, "__dict__"):
+            _errors_in(value, found)
+    return found
+
+
+def print_event_lines(info, events) -> None:
+    """An observer that prints one line per request/response pair."""
+    for event in events:
+        if not isinstance(event, ResponseReceived):
+            continue
+        request = event.request_event
+        decoded = request.request
+        client = decoded.client_id if decoded else "?"
+        response = event.response
+        errors = _errors_in(response.body) if response is not None else ["<undecodable>"]
+        print(f"conn={info.id:<3} {request.api_name:<18} v{request.api_version:<2} "
+              f"corr={event.correlation_id:<5} client={client:<22} "
+              f"req={request.size:>6}B resp={event.size:>7}B "
+              f"latency={event.latency * 1000:8.2f}ms"
+              + (f" errors={','.join(sorted(set(errors)))}" if errors else ""), flush=True)
+
+
+def _demo_traffic(bootstrap: str, stop: threading.Event) -> None:
+    """Real client traffic through the relay: produce and consume in rounds."""
+    from kafka import KafkaConsumer, KafkaProducer  # test/demo dependency only
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="kproxy-demo-producer",
+                             compression_type="gzip", linger_ms=5)
+    consumer = KafkaConsumer(DEMO_TOPIC, bootstrap_servers=bootstrap, group_id="kproxy-demo",
+                             client_id="kproxy-demo-consumer", auto_offset_reset="earliest",
+                             session_timeout_ms=6000, heartbeat_interval_ms=1000,
+                             consumer_timeout_ms=1000)
+    round_no = 0
+    try:
+        while not stop.is_set():
+            round_no += 1
+            for i in range(DEMO_BATCH):
+                producer.send(DEMO_TOPIC, key=b"k%d" % i, value=b"round %d message %d" % (round_no, i))
+            producer.flush()
+            consumed = sum(1 for _ in consumer)
+            print(f"--- round {round_no}: produced {DEMO_BATCH}, consumed {consumed} through kproxy",
+                  flush=True)
+            stop.wait(DEMO_ROUND_PAUSE_S)
+    finally:
+        consumer.close()
+        producer.close()
+
+
+async def _demo(args) -> int:
+    from .embedded.kafka import KafkaCluster
+    from .proxy.relay import start_relay
+
+    listen_port = args.port or _free_port()
+    print("starting a local Apache Kafka broker (KRaft) ...", flush=True)
+    cluster = KafkaCluster(1, advertised=lambda node_id, port: f"127.0.0.1:{listen_port}")
+    await asyncio.to_thread(cluster.start)
+    try:
+        node = cluster.nodes[0]
+        server = await start_relay(("127.0.0.1", listen_port), (node.host, node.port),
+                                   observers=[print_event_lines])
+        print(f"kproxy listening on 127.0.0.1:{listen_port}  ->  broker {node.host}:{node.port}\n"
+              f"point any Kafka client at bootstrap.servers=127.0.0.1:{listen_port}\n"
+              f"metrics: not yet (the metrics issue adds /metrics)\n"
+              f"Ctrl-C stops the demo and the broker.\n", flush=True)
+        stop = threading.Event()
+        traffic = asyncio.create_task(asyncio.to_thread(_demo_traffic, f"127.0.0.1:{listen_port}", stop))
+        try:
+            if args.duration:
+                await asyncio.wait_for(asyncio.shield(traffic), args.duration)
+            else:
+                await traffic
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            pass
+        finally:
+            stop.set()
+            await asyncio.wait({traffic}, timeout=15)
+            server.close()
+    finally:
+        await asyncio.to_thread(cluster.stop)
+    print("demo stopped; broker stopped", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kproxy", description="A protocol-decoding Kafka proxy")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="start a local broker, run traffic through kproxy, print it decoded")
+    demo.add_argument("--port", type=int, default=0, help="listen port (default: a free one)")
+    demo.add_argument("--duration", type=float, default=0, help="stop after this many seconds")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    if args.command == "demo":
+        try:
+            import uvloop
+            return uvloop.run(_demo(args))
+        except KeyboardInterrupt:
+            return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
