@@ -1,0 +1,136 @@
+"""Which responses carry broker addresses, and rewriting them.
+
+A client must never learn an upstream broker address, or its next
+connection bypasses the proxy. The table below lists every response whose
+schema holds a node's host and port (found by scanning the generated schema
+for host/port fields; ``tests/proxy/test_rewrite.py`` re-checks that scan so a new
+Kafka release cannot add one silently). Streams' application ``Endpoint``
+and ACL ``host`` fields are not broker addresses and stay untouched.
+
+Pure functions over decoded bodies: no I/O, so the rules are tested without sockets.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from ..protocol import Response, Struct, schema
+
+# (node_id, upstream host, upstream port) -> (host, port) to advertise, or None to keep.
+AddressMapper = Callable[[int, str, int], "tuple[str, int] | None"]
+
+NodeAddress = tuple[int, Struct]      # node id, and the struct holding its host/port
+
+
+def _brokers(body: Struct, version: int) -> Iterator[NodeAddress]:
+    for broker in body.brokers:
+        yield broker.node_id, broker
+
+
+def _find_coordinator(body: Struct, version: int) -> Iterator[NodeAddress]:
+    if version < 4:
+        if body.node_id >= 0:                      # -1 with an error code: nothing to rewrite
+            yield body.node_id, body
+        return
+    for coordinator in body.coordinators:
+        if coordinator.node_id >= 0:
+            yield coordinator.node_id, coordinator
+
+
+def _describe_cluster(body: Struct, version: int) -> Iterator[NodeAddress]:
+    for broker in body.brokers:
+        yield broker.broker_id, broker
+
+
+def _node_endpoints(body: Struct, version: int) -> Iterator[NodeAddress]:
+    for endpoint in body.node_endpoints or ():
+        yield endpoint.node_id, endpoint
+
+
+def _describe_quorum(body: Struct, version: int) -> Iterator[NodeAddress]:
+    for node in body.nodes or ():
+        for listener in node.listeners:
+            yield node.node_id, listener
+
+
+def _raft_leader(body: Struct, version: int) -> Iterator[NodeAddress]:
+    leader = body.current_leader
+    if leader is not None and leader.leader_id >= 0 and leader.host:
+        yield leader.leader_id, leader
+
+
+# api key -> (first version with addresses, walker)
+ADDRESS_BEARING: dict[int, tuple[int, Callable[[Struct, int], Iterator[NodeAddress]]]] = {
+    0: (10, _node_endpoints),      # Produce: KIP-951 tagged NodeEndpoints
+    1: (16, _node_endpoints),      # Fetch: KIP-951 tagged NodeEndpoints
+    3: (0, _brokers),              # Metadata
+    10: (0, _find_coordinator),    # FindCoordinator: top-level (v0-3) or batched (v4+)
+    52: (1, _node_endpoints),      # Vote (KRaft)
+    53: (1, _node_endpoints),      # BeginQuorumEpoch (KRaft)
+    54: (1, _node_endpoints),      # EndQuorumEpoch (KRaft)
+    55: (2, _describe_quorum),     # DescribeQuorum: per-node listeners
+    59: (1, _node_endpoints),      # FetchSnapshot (KRaft)
+    60: (0, _describe_cluster),    # DescribeCluster (brokers, or controllers for endpoint type 2)
+    78: (0, _node_endpoints),      # ShareFetch
+    79: (0, _node_endpoints),      # ShareAcknowledge
+    82: (0, _raft_leader),         # UpdateRaftVoter: current leader
+}
+
+
+def carries_addresses(api_key: int, api_version: int) -> bool:
+    """Whether a response to this request may hold broker addresses (so must be decoded first)."""
+    entry = ADDRESS_BEARING.get(api_key)
+    return entry is not None and api_version >= entry[0]
+
+
+def node_addresses(api_key: int, api_version: int, body: Struct) -> list[tuple[int, str, int]]:
+    """Every (node_id, host, port) a decoded response body hands to the client."""
+    entry = ADDRESS_BEARING.get(api_key)
+    if entry is None or api_version < entry[0]:
+        return []
+    return [(node_id, s.host, s.port) for node_id, s in entry[1](body, api_version)]
+
+
+def rewrite_addresses(api_key: int, api_version: int, response: Response,
+                      mapper: AddressMapper) -> bool:
+    """Replace node addresses in a decoded response in place; True if anything changed."""
+    entry = ADDRESS_BEARING.get(api_key)
+    if entry is None or api_version < entry[0] or response.is_opaque:
+        return False
+    changed = False
+    for node_id, holder in entry[1](response.body, api_version):
+        new = mapper(node_id, holder.host, holder.port)
+        if new is not None and (holder.host, holder.port) != new:
+            holder.host, holder.port = new
+            changed = True
+    return changed
+
+
+def cap_api_versions(response: Response, drop_unknown: bool = True) -> bool:
+    """Limit an ApiVersions response to the versions kproxy can decode; True if changed.
+
+    A client and broker that are both newer than kproxy would otherwise agree
+    on a version whose addresses kproxy cannot rewrite. API keys kproxy does
+    not know at all are removed (``drop_unknown``) for the same reason.
+    """
+    if response.is_opaque or not hasattr(response.body, "api_keys"):
+        return False
+    kept = []
+    changed = False
+    for entry in response.body.api_keys:
+        known = schema.version_range(entry.api_key)
+        if known is None:
+            if drop_unknown:
+                changed = True
+                continue
+        elif entry.max_version > known[1] or entry.min_version < known[0]:
+            lo, hi = max(entry.min_version, known[0]), min(entry.max_version, known[1])
+            if lo > hi:                                # no overlap: the API is unusable through kproxy
+                changed = True
+                continue
+            entry.min_version, entry.max_version = lo, hi
+            changed = True
+        kept.append(entry)
+    if changed:
+        response.body.api_keys = kept
+    return changed
