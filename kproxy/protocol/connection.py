@@ -252,10 +252,19 @@ class Connection:
     """Pairs requests and responses on one client⇄broker connection."""
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 hold: Callable[[int, int], bool] | None = None,
+                 transform: Callable[[ResponseReceived], bytes | None] | None = None):
+        """``hold(api_key, api_version)`` says which responses ``relay_broker`` must keep
+        until complete and pass to ``transform``, which returns replacement frame bytes
+        (without size prefix) or None to send the original. All other bytes pass through
+        as they arrive."""
         self._clock = clock
+        self._hold = hold
+        self._transform = transform
         self._client = _Framer(max_frame_size, "client")
         self._broker = _Framer(max_frame_size, "broker")
+        self._broker_passed = 0      # bytes of the broker's incomplete frame already forwarded
         self._pending: deque[RequestReceived] = deque()
         self._sasl_mechanism: str | None = None
         self._raw_sasl_rounds: int | None = None     # None: not in raw-token mode
@@ -323,18 +332,60 @@ class Connection:
 
     def receive_broker(self, data) -> list[Event]:
         """Bytes the broker sent. Raises FrameTooLarge; nothing else."""
+        return self.relay_broker(data)[0]
+
+    def relay_broker(self, data) -> tuple[list[Event], list]:
+        """Like ``receive_broker``, and also the bytes to forward to the client now.
+
+        Frames that ``hold`` selects are forwarded whole once complete, after
+        ``transform``; every other byte is forwarded as soon as it arrives (the
+        chunk itself, uncopied, when nothing in it is held).
+        """
         now = self._clock()
+        framer = self._broker
+        passed = self._broker_passed
+        frames = framer.feed(data)
         events: list[Event] = []
-        for frame in self._broker.feed(data):
-            if self._raw_sasl_rounds is not None:
-                self._raw_sasl_broker_tokens += 1
-                events.append(SaslTokenPassed("broker", len(frame) + 4, now))
-                rounds = self._raw_sasl_rounds
-                if rounds and self._raw_sasl_broker_tokens >= rounds:
-                    self._raw_sasl_rounds = None
-                continue
-            events.append(self._response(frame, now))
-        return events
+        held: list[bool] = []
+        for i, frame in enumerate(frames):
+            event = self._broker_frame(frame, now)
+            events.append(event)
+            # A frame whose first bytes already went out cannot be held back any more.
+            held.append(isinstance(event, ResponseReceived) and self._held(event.request_event)
+                        and not (i == 0 and passed))
+        tail_held = framer.buffered > 0 and self._next_broker_frame_held()
+        self._broker_passed = framer.buffered if framer.buffered and not tail_held else 0
+        if not any(held) and not tail_held:
+            return events, ([data] if data else [])
+        out: list = []
+        for i, (frame, event, is_held) in enumerate(zip(frames, events, held)):
+            replacement = self._transform(event) if is_held and self._transform else None
+            if replacement is not None:
+                out.append(SIZE.pack(len(replacement)) + replacement)
+            else:
+                whole = SIZE.pack(len(frame)) + bytes(frame)
+                out.append(whole[passed:] if i == 0 else whole)
+        if framer.buffered and not tail_held:
+            out.append(bytes(framer.buffer[0 if frames else passed:]))
+        return events, out
+
+    def _held(self, request: RequestReceived) -> bool:
+        return self._hold is not None and self._hold(request.api_key, request.api_version)
+
+    def _next_broker_frame_held(self) -> bool:
+        """Whether the broker's incomplete frame will be held (decided by what it answers)."""
+        if self._hold is None or self._raw_sasl_rounds is not None or not self._pending:
+            return False
+        return self._held(self._pending[0])
+
+    def _broker_frame(self, frame, now: float) -> Event:
+        if self._raw_sasl_rounds is not None:
+            self._raw_sasl_broker_tokens += 1
+            rounds = self._raw_sasl_rounds
+            if rounds and self._raw_sasl_broker_tokens >= rounds:
+                self._raw_sasl_rounds = None
+            return SaslTokenPassed("broker", len(frame) + 4, now)
+        return self._response(frame, now)
 
     def _response(self, frame, now: float) -> Event:
         if len(frame) < 4:

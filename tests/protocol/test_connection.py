@@ -174,3 +174,60 @@ def test_api_versions_unsupported_version_fallback():
     assert decoded.body.api_keys[0].max_version == 3
     from kproxy.protocol import encode_response
     assert encode_response(decoded, 18, 5) == bytes(resp.frame)
+
+
+def relay_stream(cuts, hold_keys, transform_to=None):
+    """Requests for several APIs, their responses chunked by ``cuts``; returns (output, expected)."""
+    plan = [(3, 12), (1, 12), (18, 3), (3, 9), (1, 11), (10, 3), (18, 3), (3, 12)]
+    client = b"".join(request_bytes(k, v, i) for i, (k, v) in enumerate(plan))
+    responses = [response_bytes(k, v, i) for i, (k, v) in enumerate(plan)]
+    broker = b"".join(responses)
+
+    def transform(event):
+        if transform_to is None:
+            return None
+        return struct.pack(">i", event.correlation_id) + transform_to
+
+    conn = Connection(hold=lambda k, v: k in hold_keys, transform=transform)
+    conn.receive_client(client)
+    out, pos, i = [], 0, 0
+    while pos < len(broker):
+        cut = cuts[i % len(cuts)]
+        events, chunks = conn.relay_broker(broker[pos:pos + cut])
+        out += chunks
+        pos += cut
+        i += 1
+    expected = b"".join(
+        framed(struct.pack(">i", i) + transform_to) if (k in hold_keys and transform_to is not None) else r
+        for i, ((k, _), r) in enumerate(zip(plan, responses)))
+    return b"".join(bytes(c) for c in out), expected, conn
+
+
+@settings(max_examples=150, deadline=None)
+@given(cuts=st.lists(st.integers(1, 300), min_size=1, max_size=12),
+       hold_keys=st.sets(st.sampled_from([1, 3, 10, 18])),
+       replace=st.booleans())
+def test_relay_broker_forwards_every_byte_and_replaces_only_held_frames(cuts, hold_keys, replace):
+    output, expected, conn = relay_stream(cuts, hold_keys, b"REWRITTEN" if replace else None)
+    assert output == expected
+    assert conn.in_flight == 0
+
+
+def test_relay_broker_passes_unheld_bytes_before_the_frame_completes():
+    conn = Connection(hold=lambda k, v: k == 3, transform=lambda e: None)
+    conn.receive_client(request_bytes(1, 12, 1) + request_bytes(3, 12, 2))
+    fetch, meta = response_bytes(1, 12, 1), response_bytes(3, 12, 2)
+    events, out = conn.relay_broker(fetch[:10])
+    assert events == [] and b"".join(out) == fetch[:10]        # cut-through: no waiting for the rest
+    events, out = conn.relay_broker(fetch[10:] + meta[:8])
+    assert len(events) == 1 and b"".join(out) == fetch[10:]    # the Metadata response is held back
+    events, out = conn.relay_broker(meta[8:])
+    assert b"".join(out) == meta and events[0].api_key == 3
+
+
+def test_relay_broker_without_holds_returns_the_chunk_itself():
+    conn = Connection()
+    conn.receive_client(request_bytes(18, 3, 1))
+    chunk = response_bytes(18, 3, 1)
+    events, out = conn.relay_broker(chunk)
+    assert out[0] is chunk and len(events) == 1
