@@ -116,15 +116,64 @@ async def _demo(args) -> int:
     return 0
 
 
+RUN_FLAGS = {   # flag -> (config key, help)
+    "--upstream": ("upstream", "HOST:PORT[,HOST:PORT...] of the upstream broker(s)"),
+    "--listen": ("listen", "HOST:PORT for the bootstrap (gateway) or only (sidecar) listener"),
+    "--admin-listen": ("admin_listen", "HOST:PORT for /healthz, /readyz ('off' to disable)"),
+    "--mode": ("mode", "gateway or sidecar"),
+    "--advertised-host": ("advertised_host", "host clients use to reach kproxy (gateway)"),
+    "--advertised-host-template": ("advertised_host_template", "sidecar: e.g. 'kafka-{node_id}.svc'"),
+    "--broker-port-rule": ("broker_port_rule", "offset, sequential, map or fixed"),
+    "--broker-port-base": ("broker_port_base", "first broker port (default: listen port + 1)"),
+    "--broker-port-map": ("broker_port_map", "NODE=PORT,... for the map rule"),
+    "--max-frame-size": ("max_frame_size", "largest frame accepted, bytes"),
+    "--max-connections": ("max_connections", "client connections at once"),
+    "--idle-timeout": ("idle_timeout", "seconds before an idle connection is closed"),
+    "--shutdown-timeout": ("shutdown_timeout", "seconds in-flight requests get on SIGTERM"),
+    "--log-level": ("log_level", "DEBUG, INFO, WARNING or ERROR"),
+}
+
+
+def _run(args) -> int:
+    from . import config as config_module
+    from .runtime import Runtime
+
+    overrides = {key: getattr(args, key) for key, _ in RUN_FLAGS.values()}
+    if args.no_cap_api_versions:
+        overrides["cap_api_versions"] = False
+    try:
+        config = config_module.load(args.config, overrides=overrides)
+    except config_module.ConfigError as exc:
+        print(f"kproxy: config error: {exc}", file=sys.stderr)
+        return 2
+    logging.getLogger().setLevel(config.log_level.upper())
+    runtime = Runtime(config)
+    try:
+        import uvloop
+        uvloop.run(runtime.run_until_signalled())
+    except OSError as exc:
+        print(f"kproxy: cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kproxy", description="A protocol-decoding Kafka proxy")
     sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the proxy")
+    run.add_argument("--config", help="TOML or YAML config file")
+    for flag, (key, help_text) in RUN_FLAGS.items():
+        run.add_argument(flag, dest=key, help=help_text)
+    run.add_argument("--no-cap-api-versions", action="store_true",
+                     help="pass ApiVersions through uncapped (clients may pick versions kproxy cannot rewrite)")
     demo = sub.add_parser("demo", help="start a local broker, run traffic through kproxy, print it decoded")
     demo.add_argument("--port", type=int, default=0, help="listen port (default: a free one)")
     demo.add_argument("--duration", type=float, default=0, help="stop after this many seconds")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    if args.command == "run":
+        return _run(args)
     if args.command == "demo":
         try:
             import uvloop

@@ -1,15 +1,17 @@
-"""The I/O layer's first slice: accept clients, connect upstream, pump bytes both ways.
+"""One proxied connection: a client socket, an upstream socket, two pumps.
 
-This module alone owns sockets. Bytes are forwarded as soon as they are
-read; a copy goes to the sans-I/O ``Connection`` tracker, whose events are
-handed to observers *after* the bytes are on their way. An observer that
-raises is logged once and ignored: observation never breaks forwarding.
+With ``server.py``, the only code that touches sockets. Client bytes are
+forwarded as soon as they are read; broker bytes go through the tracker's
+``relay_broker``, which passes everything on at once except responses that
+may carry broker addresses, which it holds until complete and rewrites.
+Events reach observers *after* the bytes are on their way; an observer that
+raises is logged once and otherwise ignored: observation never breaks
+forwarding.
 
-Backpressure comes from ``drain()``: a pump stops reading its side while the
-other side's write buffer is above the transport's high-water mark.
-
-Not yet here (the proxy issue): address rewriting, TLS, per-broker listeners,
-limits beyond the frame size, graceful shutdown.
+Backpressure: each pump awaits ``drain()`` after writing, so it stops
+reading its side while the other side's write buffer is above
+``WRITE_HIGH_WATER``; memory per connection stays bounded by that plus one
+frame being held for rewriting.
 """
 
 from __future__ import annotations
@@ -17,100 +19,198 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from dataclasses import dataclass
-from typing import Callable, Iterable
+import ssl
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
 
-from ..protocol.connection import DEFAULT_MAX_FRAME_SIZE, Connection, Event, FrameTooLarge
+from ..protocol.connection import Connection, Event, FrameTooLarge, ResponseReceived
 
 log = logging.getLogger("kproxy.relay")
 
-READ_CHUNK = 64 * 1024           # one read per wake-up; large enough for Kafka's batch sizes
-WRITE_HIGH_WATER = 1024 * 1024   # pause reading the other side above this much unsent data
+READ_CHUNK = 256 * 1024          # one read per wake-up; fetch responses are often this big
+WRITE_HIGH_WATER = 1024 * 1024   # stop reading the other side above this much unsent data
 
+HostPort = tuple[str, int]
 Observer = Callable[["ConnectionInfo", Iterable[Event]], None]
 _ids = itertools.count(1)
+
+
+class RewriteFailed(Exception):
+    """A response that must be rewritten could not be: the connection closes rather than leak."""
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectionInfo:
     """Who is talking: what observers need to attribute events."""
     id: int
-    client: tuple[str, int]
-    listener: tuple[str, int]
-    upstream: tuple[str, int]
+    client: HostPort
+    listener: str                 # "bootstrap" or "broker-<node id>"
+    upstream: HostPort
+    node_id: int | None           # upstream node, when the listener is a broker's
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                feed: Callable[[bytes], list[Event]], info: ConnectionInfo,
-                observers: list[Observer], counts: dict, side: str) -> str:
-    """Copy one direction until EOF; returns why it stopped."""
+@dataclass
+class RelayPolicy:
+    """What every connection accepted on one listener shares."""
+    name: str
+    node_id: int | None
+    upstreams: Callable[[], Sequence[HostPort]]          # candidates, tried in order
+    observers: list[Observer]
+    hold: Callable[[int, int], bool] | None = None
+    transform: Callable[[ResponseReceived], bytes | None] | None = None
+    max_frame_size: int = 100 * 1024 * 1024
+    connect_timeout: float = 10.0
+    upstream_ssl: ssl.SSLContext | None = None
+    upstream_check_hostname: bool = True
+
+
+@dataclass(eq=False)
+class Relay:
+    """Live state of one proxied connection (for limits, idle reaping and shutdown)."""
+    info: ConnectionInfo | None = None
+    tracker: Connection | None = None
+    last_active: float = field(default_factory=time.monotonic)
+    task: asyncio.Task | None = None
+    bytes_from_client: int = 0
+    bytes_from_broker: int = 0
+    close_reason: str | None = None
+    writers: list = field(default_factory=list)
+
+    @property
+    def in_flight(self) -> int:
+        return self.tracker.in_flight if self.tracker is not None else 0
+
+    def close(self, reason: str) -> None:
+        """Close both sockets now (idle timeout, shutdown, limits)."""
+        if self.close_reason is None:
+            self.close_reason = reason
+        for writer in self.writers:
+            writer.close()
+        if self.task is not None:
+            self.task.cancel()
+
+
+_failed_observers: set[int] = set()
+
+
+def _notify(observers: list[Observer], info: ConnectionInfo, events: list[Event]) -> None:
+    for observer in observers:
+        try:
+            observer(info, events)
+        except Exception:                        # noqa: BLE001 - isolation is the point
+            if id(observer) not in _failed_observers:
+                _failed_observers.add(id(observer))
+                log.exception("observer %r failed; its further failures are not logged", observer)
+
+
+async def _client_to_broker(relay: Relay, reader, writer, observers) -> str:
+    tracker = relay.tracker
     while True:
         data = await reader.read(READ_CHUNK)
         if not data:
-            writer.write_eof() if writer.can_write_eof() else None
-            return f"{side} closed"
+            if writer.can_write_eof():
+                writer.write_eof()
+            return "client closed"
         writer.write(data)
-        counts[side] += len(data)
+        relay.bytes_from_client += len(data)
+        relay.last_active = time.monotonic()
         try:
-            events = feed(data)
+            events = tracker.receive_client(data)
         except FrameTooLarge as exc:
             return str(exc)
         if events:
-            for observer in observers:
-                try:
-                    observer(info, events)
-                except Exception:                          # noqa: BLE001 - isolation is the point
-                    if observer not in _failed_observers:
-                        _failed_observers.add(observer)
-                        log.exception("observer %r failed; further failures not logged", observer)
+            _notify(observers, relay.info, events)
         await writer.drain()
 
 
-_failed_observers: set = set()
+async def _broker_to_client(relay: Relay, reader, writer, observers) -> str:
+    tracker = relay.tracker
+    while True:
+        data = await reader.read(READ_CHUNK)
+        if not data:
+            return "broker closed"
+        relay.bytes_from_broker += len(data)
+        relay.last_active = time.monotonic()
+        try:
+            events, out = tracker.relay_broker(data)
+        except FrameTooLarge as exc:
+            return str(exc)
+        except RewriteFailed as exc:
+            return f"rewrite failed, closing rather than leak an address: {exc}"
+        if len(out) == 1:
+            writer.write(out[0])
+        elif out:
+            writer.writelines(out)
+        if events:
+            _notify(observers, relay.info, events)
+        await writer.drain()
 
 
-async def relay_connection(client_reader, client_writer, upstream: tuple[str, int],
-                           observers: list[Observer], max_frame_size: int) -> None:
-    peer = client_writer.get_extra_info("peername")[:2]
-    sock = client_writer.get_extra_info("sockname")[:2]
-    info = ConnectionInfo(next(_ids), peer, sock, upstream)
+async def _connect(policy: RelayPolicy) -> tuple[HostPort, asyncio.StreamReader, asyncio.StreamWriter]:
+    errors = []
+    for host, port in policy.upstreams():
+        try:
+            kwargs = {}
+            if policy.upstream_ssl is not None:
+                kwargs = {"ssl": policy.upstream_ssl,
+                          "server_hostname": host if policy.upstream_check_hostname else None}
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, **kwargs),
+                                                    policy.connect_timeout)
+            return (host, port), reader, writer
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+    raise ConnectionError("; ".join(errors) or "no upstream address known")
+
+
+async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_writer) -> None:
+    """Serve one accepted client connection until either side closes."""
+    peer = client_writer.get_extra_info("peername") or ("?", 0)
+    peer = (peer[0], peer[1])
+    relay.writers.append(client_writer)
     try:
-        broker_reader, broker_writer = await asyncio.open_connection(*upstream)
-    except OSError as exc:
-        log.warning("conn=%d client=%s:%d upstream %s:%d unreachable: %s",
-                    info.id, *peer, *upstream, exc)
+        upstream, broker_reader, broker_writer = await _connect(policy)
+    except ConnectionError as exc:
+        log.warning("conn client=%s:%d listener=%s upstream unreachable: %s",
+                    *peer, policy.name, exc)
         client_writer.close()
         return
+    relay.writers.append(broker_writer)
+    relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id)
+    relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
+                               transform=policy.transform)
     for w in (client_writer, broker_writer):
         w.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-    conn = Connection(max_frame_size=max_frame_size)
-    counts = {"client": 0, "broker": 0}
-    pumps = [asyncio.create_task(_pump(client_reader, broker_writer, conn.receive_client, info,
-                                       observers, counts, "client")),
-             asyncio.create_task(_pump(broker_reader, client_writer, conn.receive_broker, info,
-                                       observers, counts, "broker"))]
+    log.info("conn=%d open client=%s:%d listener=%s upstream=%s:%d",
+             relay.info.id, *peer, policy.name, *upstream)
+    pumps = [asyncio.create_task(_client_to_broker(relay, client_reader, broker_writer, policy.observers)),
+             asyncio.create_task(_broker_to_client(relay, broker_reader, client_writer, policy.observers))]
     reason = "cancelled"
     try:
         done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         reason = next(iter(done)).result()
-    except (ConnectionError, OSError) as exc:
+    except asyncio.CancelledError:
+        reason = relay.close_reason or "cancelled"
+    except (ConnectionError, OSError, ssl.SSLError) as exc:
         reason = f"socket error: {exc}"
     finally:
         for task in pumps:
             task.cancel()
-        for w in (client_writer, broker_writer):
+        for w in relay.writers:
             w.close()
-        log.info("conn=%d client=%s:%d closed (%s) bytes client->broker=%d broker->client=%d",
-                 info.id, *peer, reason, counts["client"], counts["broker"])
+        log.info("conn=%d close client=%s:%d reason=%s bytes_client_to_broker=%d "
+                 "bytes_broker_to_client=%d in_flight=%d",
+                 relay.info.id, *peer, relay.close_reason or reason, relay.bytes_from_client,
+                 relay.bytes_from_broker, relay.in_flight)
 
 
-async def start_relay(listen: tuple[str, int], upstream: tuple[str, int],
-                      observers: list[Observer] = (),
-                      max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> asyncio.Server:
-    """Listen on ``listen`` and relay every client to ``upstream``."""
-    observers = list(observers)
+async def start_relay(listen: HostPort, upstream: HostPort, observers: Iterable[Observer] = (),
+                      max_frame_size: int = 100 * 1024 * 1024) -> asyncio.Server:
+    """A plain observing relay to one upstream: no rewriting (for tools and tests)."""
+    policy = RelayPolicy("relay", None, lambda: [upstream], list(observers),
+                         max_frame_size=max_frame_size)
 
     async def handle(reader, writer):
-        await relay_connection(reader, writer, upstream, observers, max_frame_size)
+        await run_relay(Relay(), policy, reader, writer)
 
     return await asyncio.start_server(handle, *listen)

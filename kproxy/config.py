@@ -1,0 +1,258 @@
+"""kproxy's configuration: one frozen object, from a file, env vars and flags.
+
+Precedence: defaults < config file (TOML or YAML) < ``KPROXY_*`` env vars <
+command-line flags. Every key is validated at start; a bad one fails with a
+single line naming the key and why (``ConfigError``), never later at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .protocol.connection import DEFAULT_MAX_FRAME_SIZE
+
+HostPort = tuple[str, int]
+
+MODES = ("gateway", "sidecar")
+PORT_RULES = ("offset", "sequential", "map", "fixed")   # fixed: every node at the listen port
+ENV_PREFIX = "KPROXY_"
+
+# Kafka clients close idle connections after connections.max.idle.ms (9 min by
+# default); the proxy waits a little longer so it is never the one that cuts first.
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+# A sidecar or small gateway rarely sees more; a runaway client hits this first.
+DEFAULT_MAX_CONNECTIONS = 10_000
+# In-flight requests get this long to finish on SIGTERM (Kubernetes' default grace is 30 s).
+DEFAULT_SHUTDOWN_TIMEOUT_S = 25.0
+# Upstream connect attempts give up after this; the client then sees its connection close.
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or wrong; the message names the key."""
+
+
+def parse_host_port(text: str, key: str) -> HostPort:
+    host, sep, port = str(text).strip().rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {text!r}")
+    host = host.strip("[]")                      # [::1]:9092
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{key}: port must be a number, got {port!r}") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"{key}: port must be 0-65535, got {number}")
+    return host, number
+
+
+@dataclass(frozen=True)
+class TLSServer:
+    """TLS that kproxy terminates for clients."""
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None        # set to require and verify client certificates
+
+
+@dataclass(frozen=True)
+class TLSClient:
+    """TLS that kproxy originates to brokers."""
+    ca_file: str | None = None               # None: the system trust store
+    cert_file: str | None = None             # client certificate for mTLS brokers
+    key_file: str | None = None
+    check_hostname: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    upstreams: tuple[HostPort, ...]
+    listen: HostPort = ("127.0.0.1", 9092)
+    admin_listen: HostPort | None = ("127.0.0.1", 9644)
+    mode: str = "gateway"
+    # Host clients use to reach kproxy; gateway default: the listen host.
+    advertised_host: str | None = None
+    # How broker listener ports are chosen (gateway) / advertised (sidecar).
+    broker_port_rule: str = "offset"
+    broker_port_base: int | None = None      # default: listen port + 1
+    broker_port_map: Mapping[int, int] = field(default_factory=dict)
+    # Sidecar: the address every node is advertised at; {node_id} and {host} are substituted.
+    advertised_host_template: str = "{host}"
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    cap_api_versions: bool = True
+    tls_server: TLSServer | None = None
+    tls_client: TLSClient | None = None
+    log_level: str = "INFO"
+
+    @property
+    def port_base(self) -> int:
+        return self.broker_port_base if self.broker_port_base is not None else self.listen[1] + 1
+
+    @property
+    def public_host(self) -> str:
+        return self.advertised_host or self.listen[0]
+
+
+_SCALARS: dict[str, type] = {
+    "mode": str, "advertised_host": str, "broker_port_rule": str, "broker_port_base": int,
+    "advertised_host_template": str, "max_frame_size": int, "max_connections": int,
+    "idle_timeout": float, "connect_timeout": float, "shutdown_timeout": float,
+    "cap_api_versions": bool, "log_level": str,
+}
+_KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "broker_port_map",
+                          "tls_server", "tls_client"}
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}") from None
+
+
+def _tls(key: str, value: Any, cls: type) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: expected a table of settings")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(value) - names
+    if unknown:
+        raise ConfigError(f"{key}.{sorted(unknown)[0]}: unknown setting")
+    try:
+        tls = cls(**value)
+    except TypeError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    for f in dataclasses.fields(cls):
+        path = getattr(tls, f.name)
+        if f.name.endswith("_file") and path is not None and not Path(path).is_file():
+            raise ConfigError(f"{key}.{f.name}: no such file {path!r}")
+    return tls
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    """A TOML (.toml) or YAML (.yaml/.yml) config file as a dict."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+            data = yaml.safe_load(text) or {}
+        else:
+            data = tomllib.loads(text)
+    except Exception as exc:      # noqa: BLE001 - any parser error becomes one clear line
+        raise ConfigError(f"config file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a table of settings at the top")
+    return data
+
+
+def from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``KPROXY_UPSTREAM=broker:9092`` → ``{"upstream": "broker:9092"}``."""
+    return {k[len(ENV_PREFIX):].lower(): v for k, v in environ.items()
+            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() in _KNOWN}
+
+
+def build(*layers: Mapping[str, Any]) -> Config:
+    """Merge layers (later wins) and validate into a Config."""
+    raw: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if value is not None:
+                raw[key] = value
+    unknown = set(raw) - _KNOWN
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown setting")
+
+    upstream = raw.pop("upstreams", None) or raw.pop("upstream", None)
+    raw.pop("upstream", None)
+    if not upstream:
+        raise ConfigError("upstream: required (HOST:PORT of one or more brokers)")
+    if isinstance(upstream, str):
+        upstream = [u for u in upstream.split(",") if u.strip()]
+    values: dict[str, Any] = {"upstreams": tuple(parse_host_port(u, "upstream") for u in upstream)}
+    if "listen" in raw:
+        values["listen"] = parse_host_port(raw.pop("listen"), "listen")
+    if "admin_listen" in raw:
+        admin = raw.pop("admin_listen")
+        values["admin_listen"] = None if str(admin).lower() in ("", "none", "off") \
+            else parse_host_port(admin, "admin_listen")
+    if "broker_port_map" in raw:
+        mapping = raw.pop("broker_port_map")
+        if isinstance(mapping, str):      # "1=9101,2=9102" from env or flags
+            mapping = dict(item.split("=", 1) for item in mapping.split(",") if item)
+        try:
+            values["broker_port_map"] = {int(k): int(v) for k, v in mapping.items()}
+        except (ValueError, AttributeError):
+            raise ConfigError("broker_port_map: expected NODE_ID=PORT pairs") from None
+    values["tls_server"] = _tls("tls_server", raw.pop("tls_server", None), TLSServer)
+    values["tls_client"] = _tls("tls_client", raw.pop("tls_client", None), TLSClient)
+    for key, value in raw.items():
+        values[key] = _coerce(key, value, _SCALARS[key])
+    config = Config(**values)
+    _validate(config)
+    return config
+
+
+def _validate(c: Config) -> None:
+    if c.mode not in MODES:
+        raise ConfigError(f"mode: must be one of {', '.join(MODES)}, got {c.mode!r}")
+    if c.broker_port_rule not in PORT_RULES:
+        raise ConfigError(f"broker_port_rule: must be one of {', '.join(PORT_RULES)}, "
+                          f"got {c.broker_port_rule!r}")
+    if c.mode == "sidecar" and c.broker_port_rule == "sequential":
+        raise ConfigError("broker_port_rule: 'sequential' depends on discovery order, so sibling "
+                          "sidecars would disagree; use offset, map or fixed")
+    if c.mode == "gateway" and c.broker_port_rule == "fixed":
+        raise ConfigError("broker_port_rule: 'fixed' gives every broker the same port; "
+                          "a gateway needs one port per broker")
+    if c.broker_port_rule == "map" and not c.broker_port_map:
+        raise ConfigError("broker_port_map: required when broker_port_rule is 'map'")
+    if c.listen[1] == 0 and c.broker_port_base is None and c.broker_port_rule in ("offset", "sequential"):
+        raise ConfigError("broker_port_base: required when the listen port is 0 (chosen by the OS)")
+    if not 1 <= c.port_base <= 65535:
+        raise ConfigError(f"broker_port_base: must be 1-65535, got {c.port_base}")
+    for node, port in c.broker_port_map.items():
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"broker_port_map: port for node {node} must be 1-65535, got {port}")
+    try:
+        c.advertised_host_template.format(node_id=0, host="h")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"advertised_host_template: only {{node_id}} and {{host}} may be used ({exc})") \
+            from None
+    for key in ("max_frame_size", "max_connections"):
+        if getattr(c, key) <= 0:
+            raise ConfigError(f"{key}: must be positive, got {getattr(c, key)}")
+    for key in ("idle_timeout", "connect_timeout", "shutdown_timeout"):
+        if getattr(c, key) < 0:
+            raise ConfigError(f"{key}: must not be negative, got {getattr(c, key)}")
+    if c.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"log_level: must be DEBUG, INFO, WARNING or ERROR, got {c.log_level!r}")
+
+
+def load(path: str | Path | None = None, environ: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Any] | None = None) -> Config:
+    """defaults < file < env < overrides (flags)."""
+    file_layer = read_file(path) if path else {}
+    env_layer = from_env(os.environ if environ is None else environ)
+    return build(file_layer, env_layer, overrides or {})

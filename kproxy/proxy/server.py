@@ -1,0 +1,260 @@
+"""The proxy: listeners, the broker directory, the rewrite policy, limits and shutdown.
+
+Two deployment modes share one mechanism, the address mapper that every
+address-bearing response goes through:
+
+- gateway: a bootstrap listener plus one listener per upstream broker,
+  opened the moment a response first names that broker (so the rewritten
+  address already accepts connections when the client gets it) and closed
+  when Metadata stops listing it. Ports follow the configured rule.
+- sidecar: one listener in front of the local broker; every node is
+  advertised at a templated host and a rule-derived port, so the sidecars
+  of all brokers hand out the same addresses without talking to each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+import ssl
+import time
+from typing import Iterable
+
+from ..config import Config
+from ..protocol import DecodeError, encode_response
+from ..protocol.connection import ResponseReceived
+from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, run_relay
+from .rewrite import cap_api_versions, carries_addresses, node_addresses, rewrite_addresses
+from .tls import client_context, server_context
+
+log = logging.getLogger("kproxy.server")
+
+API_VERSIONS_KEY = 18
+METADATA_KEY = 3
+LISTEN_BACKLOG = 1024             # accept queue per listener; clients burst on rebalances
+IDLE_CHECK_INTERVAL_S = 5.0       # how often idle connections are looked for
+SHUTDOWN_POLL_S = 0.05            # how often shutdown checks for in-flight requests
+
+
+class Proxy:
+    """A running kproxy: call ``start()``, then ``stop()`` (graceful) when done."""
+
+    def __init__(self, config: Config, observers: Iterable[Observer] = ()):
+        self.config = config
+        self.observers: list[Observer] = [*observers, self._log_decode_failures]
+        self.relays: set[Relay] = set()
+        self.upstream_of: dict[int, HostPort] = {}         # node id -> real broker address
+        self.listeners: dict[str, asyncio.Server] = {}     # "bootstrap" / "broker-<id>"
+        self.broker_ports: dict[int, int] = {}             # node id -> kproxy port (gateway)
+        self._bootstrap_cycle = itertools.cycle(range(len(config.upstreams)))
+        self._server_ssl = server_context(config.tls_server) if config.tls_server else None
+        self._client_ssl = client_context(config.tls_client) if config.tls_client else None
+        self._reaper: asyncio.Task | None = None
+        self._opening: set[str] = set()
+        self._decode_failures_logged: set[tuple] = set()
+        self.rejected_connections = 0
+        self.started = False
+
+    # ------------------------------------------------------------ addresses
+
+    def port_for(self, node_id: int) -> int:
+        """The kproxy port a node is reached at, by the configured rule."""
+        c = self.config
+        if c.broker_port_rule == "map" and node_id in c.broker_port_map:
+            return c.broker_port_map[node_id]
+        if c.broker_port_rule == "fixed":
+            return c.listen[1]
+        if c.broker_port_rule == "sequential":
+            if node_id not in self.broker_ports:
+                used = set(self.broker_ports.values())
+                port = c.port_base
+                while port in used:
+                    port += 1
+                self.broker_ports[node_id] = port
+            return self.broker_ports[node_id]
+        return c.port_base + node_id                       # "offset", and unmapped nodes
+
+    def advertise(self, node_id: int, host: str, port: int) -> HostPort:
+        """The AddressMapper: learn the upstream address, return the one clients get."""
+        c = self.config
+        if c.mode == "sidecar":
+            return c.advertised_host_template.format(node_id=node_id, host=host), self.port_for(node_id)
+        if self.upstream_of.get(node_id) != (host, port):
+            self.upstream_of[node_id] = (host, port)
+            log.info("node %d is at %s:%d", node_id, host, port)
+        listen_port = self.port_for(node_id)
+        self._ensure_broker_listener(node_id, listen_port)
+        return c.public_host, listen_port
+
+    # ------------------------------------------------------------ rewriting
+
+    def hold(self, api_key: int, api_version: int) -> bool:
+        return carries_addresses(api_key, api_version) or (
+            api_key == API_VERSIONS_KEY and self.config.cap_api_versions)
+
+    def transform(self, event: ResponseReceived) -> bytes | None:
+        """Rewrite addresses (and cap ApiVersions) in a held response; None keeps it as is."""
+        api_key, version = event.api_key, event.api_version
+        response = event.response
+        if response is None or response.is_opaque:
+            if carries_addresses(api_key, version):
+                raise RewriteFailed(f"{event.request_event.api_name} v{version}: "
+                                    f"{event.decode_error or 'unknown version'}")
+            return None
+        changed = False
+        if api_key == API_VERSIONS_KEY and self.config.cap_api_versions:
+            changed = cap_api_versions(response)
+        if api_key == METADATA_KEY and self.config.mode == "gateway":
+            self._retire_missing_brokers({n for n, _, _ in node_addresses(api_key, version, response.body)})
+        changed = rewrite_addresses(api_key, version, response, self.advertise) or changed
+        if not changed:
+            return None
+        try:
+            return encode_response(response, api_key, version)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise RewriteFailed(f"re-encoding {event.request_event.api_name} v{version}: {exc}") from None
+
+    # ------------------------------------------------------------ listeners
+
+    def _policy(self, name: str, node_id: int | None) -> RelayPolicy:
+        c = self.config
+        if node_id is None:
+            upstreams = self._bootstrap_candidates
+        else:
+            def upstreams(node_id=node_id):
+                address = self.upstream_of.get(node_id)
+                return [address] if address else []
+        return RelayPolicy(
+            name=name, node_id=node_id, upstreams=upstreams, observers=self.observers,
+            hold=self.hold, transform=self.transform, max_frame_size=c.max_frame_size,
+            connect_timeout=c.connect_timeout, upstream_ssl=self._client_ssl,
+            upstream_check_hostname=c.tls_client.check_hostname if c.tls_client else True)
+
+    def _bootstrap_candidates(self) -> list[HostPort]:
+        """Every configured upstream, starting with the next in turn (spreads bootstrap load)."""
+        ups = self.config.upstreams
+        first = next(self._bootstrap_cycle)
+        return [ups[(first + i) % len(ups)] for i in range(len(ups))]
+
+    def _handler(self, policy: RelayPolicy):
+        async def handle(reader, writer):
+            if len(self.relays) >= self.config.max_connections:
+                self.rejected_connections += 1
+                peer = writer.get_extra_info("peername")
+                log.warning("refusing connection from %s on %s: max_connections (%d) reached",
+                            peer, policy.name, self.config.max_connections)
+                writer.close()
+                return
+            relay = Relay(task=asyncio.current_task())
+            self.relays.add(relay)
+            try:
+                await run_relay(relay, policy, reader, writer)
+            finally:
+                self.relays.discard(relay)
+        return handle
+
+    async def _serve(self, name: str, policy: RelayPolicy, sock: socket.socket) -> None:
+        server = await asyncio.start_server(self._handler(policy), sock=sock,
+                                            ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
+        self.listeners[name] = server
+
+    def _bind(self, host: str, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+        return sock
+
+    def _ensure_broker_listener(self, node_id: int, port: int) -> None:
+        """Open node's listener now (bound synchronously so the address works at once)."""
+        name = f"broker-{node_id}"
+        if name in self.listeners or name in self._opening:
+            return
+        try:
+            sock = self._bind(self.config.listen[0], port)
+        except OSError as exc:
+            log.error("cannot listen for node %d on port %d: %s", node_id, port, exc)
+            return
+        self._opening.add(name)
+        task = asyncio.get_running_loop().create_task(
+            self._serve(name, self._policy(name, node_id), sock))
+        task.add_done_callback(lambda _t, name=name: self._opening.discard(name))
+        log.info("listening for node %d on %s:%d", node_id, self.config.listen[0], port)
+
+    def _retire_missing_brokers(self, present: set[int]) -> None:
+        if not present:
+            return                   # an error response, not a statement about the cluster
+        for name in [n for n in self.listeners if n.startswith("broker-")]:
+            node_id = int(name.split("-", 1)[1])
+            if node_id not in present:
+                log.info("node %d left the cluster; closing its listener", node_id)
+                self.listeners.pop(name).close()
+
+    @property
+    def bootstrap_address(self) -> HostPort:
+        sock = self.listeners["bootstrap"].sockets[0]
+        return sock.getsockname()[:2]
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        c = self.config
+        if c.mode == "sidecar":
+            local = c.upstreams[0]              # the sidecar's one listener reaches its own broker
+            policy = self._policy("sidecar", None)
+            policy.upstreams = lambda: [local]
+        else:
+            policy = self._policy("bootstrap", None)
+        await self._serve("bootstrap", policy, self._bind(*c.listen))
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_idle())
+        self.started = True
+        log.info("kproxy %s listening on %s:%d, upstream %s", c.mode, *self.bootstrap_address,
+                 ",".join(f"{h}:{p}" for h, p in c.upstreams))
+
+    async def _reap_idle(self) -> None:
+        timeout = self.config.idle_timeout
+        if timeout <= 0:
+            return
+        while True:
+            await asyncio.sleep(min(IDLE_CHECK_INTERVAL_S, timeout / 2))
+            now = time.monotonic()
+            for relay in list(self.relays):
+                if now - relay.last_active > timeout and relay.in_flight == 0:
+                    relay.close(f"idle for more than {timeout:g}s")
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish (bounded), then close everything."""
+        for server in self.listeners.values():
+            server.close()
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        while any(r.in_flight for r in self.relays) and time.monotonic() < deadline:
+            await asyncio.sleep(SHUTDOWN_POLL_S)
+        for relay in list(self.relays):
+            relay.close("shutting down")
+        if self._reaper is not None:
+            self._reaper.cancel()
+        tasks = [r.task for r in self.relays if r.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)
+        for server in self.listeners.values():
+            await server.wait_closed() if not tasks else None
+        self.listeners.clear()
+        log.info("kproxy stopped")
+
+    # ------------------------------------------------------------ logging
+
+    def _log_decode_failures(self, info, events) -> None:
+        """Decode failures are logged once per (direction, api, version), not per frame."""
+        for event in events:
+            error = getattr(event, "decode_error", None) if isinstance(event, ResponseReceived) else None
+            if error is None:
+                continue
+            key = ("response", event.api_key, event.api_version)
+            if key not in self._decode_failures_logged:
+                self._decode_failures_logged.add(key)
+                log.warning("cannot decode %s v%d response (further ones not logged): %s",
+                            event.request_event.api_name, event.api_version, error)

@@ -1,0 +1,33 @@
+"""TLS contexts for both sides, built from the config's TLS sections.
+
+Client side (kproxy terminates) and broker side (kproxy originates) are
+independent: either, both or neither may use TLS. Because kproxy terminates
+TLS, it sees plaintext and can decode and capture what the wire hides.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+from ..config import TLSClient, TLSServer
+
+
+def server_context(tls: TLSServer) -> ssl.SSLContext:
+    """For listeners: kproxy's certificate, and client-certificate checks if a CA is given."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.client_ca_file:
+        ctx.load_verify_locations(tls.client_ca_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def client_context(tls: TLSClient) -> ssl.SSLContext:
+    """For upstream connections: verify the broker (hostname too, unless switched off)."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=tls.ca_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = tls.check_hostname
+    if tls.cert_file:
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    return ctx

@@ -1,0 +1,48 @@
+"""Run a real kproxy Runtime on its own event-loop thread, for tests driving blocking clients."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Iterable
+
+import uvloop
+
+from kproxy import config as config_module
+from kproxy.runtime import Runtime
+
+START_TIMEOUT_S = 10.0
+
+
+class ProxyThread:
+    """``with ProxyThread(upstream=..., ...) as proxy: proxy.bootstrap`` → "127.0.0.1:PORT"."""
+
+    def __init__(self, observers: Iterable = (), **settings):
+        settings.setdefault("listen", "127.0.0.1:0")
+        settings.setdefault("admin_listen", "127.0.0.1:0")
+        self.config = config_module.build(settings)
+        self.runtime = Runtime(self.config, observers)
+        self.loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="kproxy")
+
+    def call(self, coro, timeout: float = START_TIMEOUT_S):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def __enter__(self) -> "ProxyThread":
+        self._thread.start()
+        self.call(self.runtime.start())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.call(self.runtime.stop(), timeout=self.config.shutdown_timeout + 10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+    @property
+    def bootstrap(self) -> str:
+        host, port = self.runtime.proxy.bootstrap_address
+        return f"{host}:{port}"
+
+    @property
+    def admin_url(self) -> str:
+        return self.runtime.admin_url
