@@ -82,20 +82,26 @@ def _demo_traffic(bootstrap: str, stop: threading.Event) -> None:
 
 
 async def _demo(args) -> int:
+    from . import config as config_module
     from .embedded.kafka import KafkaCluster
-    from .proxy.relay import start_relay
+    from .runtime import Runtime
 
     listen_port = args.port or _free_port()
     print("starting a local Apache Kafka broker (KRaft) ...", flush=True)
-    cluster = KafkaCluster(1, advertised=lambda node_id, port: f"127.0.0.1:{listen_port}")
+    cluster = KafkaCluster(1)
     await asyncio.to_thread(cluster.start)
     try:
+        config = config_module.build({
+            "upstream": cluster.bootstrap_servers, "listen": f"127.0.0.1:{listen_port}",
+            "admin_listen": f"127.0.0.1:{args.admin_port or _free_port()}",
+            "broker_port_base": args.broker_port_base or _free_port()})
+        runtime = Runtime(config, observers=[print_event_lines])
+        await runtime.start()
         node = cluster.nodes[0]
-        server = await start_relay(("127.0.0.1", listen_port), (node.host, node.port),
-                                   observers=[print_event_lines])
-        print(f"kproxy listening on 127.0.0.1:{listen_port}  ->  broker {node.host}:{node.port}\n"
-              f"point any Kafka client at bootstrap.servers=127.0.0.1:{listen_port}\n"
-              f"metrics: not yet (the metrics issue adds /metrics)\n"
+        print(f"broker (upstream)  {node.host}:{node.port}  (clients never see this address)\n"
+              f"kproxy bootstrap   127.0.0.1:{listen_port}  <- point bootstrap.servers here\n"
+              f"health / ready     {runtime.admin_url}/healthz  {runtime.admin_url}/readyz\n"
+              f"metrics            not yet (the metrics issue adds {runtime.admin_url}/metrics)\n"
               f"Ctrl-C stops the demo and the broker.\n", flush=True)
         stop = threading.Event()
         traffic = asyncio.create_task(asyncio.to_thread(_demo_traffic, f"127.0.0.1:{listen_port}", stop))
@@ -109,7 +115,7 @@ async def _demo(args) -> int:
         finally:
             stop.set()
             await asyncio.wait({traffic}, timeout=15)
-            server.close()
+            await runtime.stop()
     finally:
         await asyncio.to_thread(cluster.stop)
     print("demo stopped; broker stopped", flush=True)
@@ -168,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="pass ApiVersions through uncapped (clients may pick versions kproxy cannot rewrite)")
     demo = sub.add_parser("demo", help="start a local broker, run traffic through kproxy, print it decoded")
     demo.add_argument("--port", type=int, default=0, help="listen port (default: a free one)")
+    demo.add_argument("--admin-port", type=int, default=0, help="admin listen port (default: a free one)")
+    demo.add_argument("--broker-port-base", type=int, default=0,
+                      help="broker listener port = base + node id (default: a free one)")
     demo.add_argument("--duration", type=float, default=0, help="stop after this many seconds")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

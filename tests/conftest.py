@@ -1,0 +1,106 @@
+"""Shared fixtures: real brokers, started once per test session and reused.
+
+Broker fixtures fail, not skip, when Java or Maven is missing: a suite that quietly skips
+its end-to-end tests looks green while proving nothing. Set KPROXY_SKIP_BROKER_TESTS=1 to
+skip every test that needs a broker on purpose (a quick run, a machine without Java).
+Tests that use a broker fixture get the ``broker`` marker automatically, so
+``pytest -m "not broker"`` selects the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+import pytest
+
+from kproxy.embedded import (
+    KAFKA_3_VERSION,
+    KAFKA_4_VERSION,
+    EmbeddedBrokerError,
+    KafkaCluster,
+    TansuBroker,
+    missing_prerequisites,
+    tansu_executable,
+)
+
+SKIP_BROKER_TESTS_ENV = "KPROXY_SKIP_BROKER_TESTS"
+
+BROKER_FIXTURES = frozenset({"kafka_cluster", "kafka3_cluster", "tansu_broker", "make_kafka_cluster", "require_kafka"})
+
+
+def _skip_if_requested() -> None:
+    if os.environ.get(SKIP_BROKER_TESTS_ENV) == "1":
+        pytest.skip(f"broker tests skipped ({SKIP_BROKER_TESTS_ENV}=1)")
+
+
+def _unavailable(reason: str) -> NoReturn:
+    pytest.fail(f"{reason}; set {SKIP_BROKER_TESTS_ENV}=1 to skip broker tests", pytrace=False)
+
+
+def _require_kafka(version: str) -> None:
+    _skip_if_requested()
+    missing = missing_prerequisites(version)
+    if missing:
+        _unavailable(f"Kafka {version} cannot run on this machine: missing {', '.join(missing)}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.broker)
+
+
+@pytest.fixture(scope="session")
+def require_kafka() -> Callable[[str], None]:
+    """``require_kafka(version)`` fails (or skips, see module doc) unless that version can run.
+
+    For fixtures of other scopes that build their own ``KafkaCluster``.
+    """
+    return _require_kafka
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    """One combined Kafka node of the newest 4.x release."""
+    _require_kafka(KAFKA_4_VERSION)
+    with KafkaCluster(version=KAFKA_4_VERSION) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def kafka3_cluster() -> Iterator[KafkaCluster]:
+    """One combined Kafka node of the 3.x line (old protocol versions, no KIP-848 default)."""
+    _require_kafka(KAFKA_3_VERSION)
+    with KafkaCluster(version=KAFKA_3_VERSION) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def tansu_broker() -> Iterator[TansuBroker]:
+    """An in-memory Tansu broker (fresh per session: it never forgets anything)."""
+    _skip_if_requested()
+    try:
+        tansu_executable()
+    except EmbeddedBrokerError as exc:
+        _unavailable(str(exc))
+    with TansuBroker() as broker:
+        yield broker
+
+
+@pytest.fixture
+def make_kafka_cluster() -> Iterator[Callable[..., KafkaCluster]]:
+    """Factory for a started ``KafkaCluster(**kwargs)``; all are stopped after the test."""
+    clusters: list[KafkaCluster] = []
+
+    def make(**kwargs: Any) -> KafkaCluster:
+        _require_kafka(kwargs.get("version", KAFKA_4_VERSION))
+        cluster = KafkaCluster(**kwargs)
+        clusters.append(cluster)
+        cluster.start()
+        return cluster
+
+    yield make
+    for cluster in reversed(clusters):
+        cluster.stop()
