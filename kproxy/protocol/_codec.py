@@ -111,6 +111,8 @@ def read_uvarint(buf, pos: int) -> tuple[int, int]:
         if b < 0x80:
             if b == 0:
                 raise DecodeError("non-minimal varint")
+            if result > 0xFFFFFFFF:
+                raise DecodeError("varint above 32 bits")   # Kafka's unsigned varints are 32-bit
             return result, pos
         shift += 7
 
