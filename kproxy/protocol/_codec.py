@@ -355,39 +355,9 @@ class _Compiler:
         tagged = [f for f in present if _in(f.tagged, v)]
         defaults = {f.name: self.default(f) for f in present}
 
-        # Decode plan: ("group", Struct, names) or ("one", name, reader).
-        plan: list[tuple] = []
-        for f in regular:
-            code = FIXED.get(f.type)
-            if code is not None and plan and plan[-1][0] == "group":
-                _, codes, names = plan[-1]
-                plan[-1] = ("group", codes + code, names + (f.name,))
-            elif code is not None:
-                plan.append(("group", code, (f.name,)))
-            else:
-                plan.append(("one", f.name, self.reader(f), self.writer(f)))
-        steps = []
-        for step in plan:
-            if step[0] == "group":
-                s = struct.Struct(">" + step[1])
-                steps.append((True, step[2], s.unpack_from, s.size, s.pack))
-            else:
-                steps.append((False, step[1], step[2], 0, step[3]))
-        steps = tuple(steps)
         tag_table = {f.tag: (f.name, self.reader(f), self.writer(f)) for f in tagged}
-        flexible = self.flexible
         read = self.generated_reader(name, regular, tag_table, defaults)
-
-        def write(obj, out):
-            values = obj.__dict__
-            for is_group, names, _, _, writer in steps:
-                if is_group:
-                    out += writer(*[values.get(n, defaults[n]) for n in names])
-                else:
-                    writer(values.get(names, defaults[names]), out)
-            if flexible:
-                _write_tagged(values, out, tag_table, defaults)
-
+        write = self.generated_writer(name, regular, tag_table, defaults)
         codec = StructCodec(name, read, write, defaults)
         self.cache[name] = codec
         return codec
@@ -455,6 +425,96 @@ class _Compiler:
         ]
         exec(compile("\n".join(lines), f"<kproxy {self.spec.name} v{self.version} {name}>", "exec"), ns)
         return ns["read"]
+
+    def generated_writer(self, name: str, regular: list[FieldSpec], tag_table: dict,
+                         defaults: dict) -> Writer:
+        """Python source for one struct's writer, the mirror of ``generated_reader``.
+
+        Missing attributes fall back to the field's default, so hand-built
+        structs need only the fields they care about.
+        """
+        ns: dict[str, Any] = {"_wuv": write_uvarint, "_write_tagged": _write_tagged,
+                              "_TAGS": tag_table, "_DEFAULTS": defaults,
+                              "_I16P": _I16.pack, "_I32P": _I32.pack, "_pack": struct.pack}
+        lines = ["def write(obj, out):", " v = obj.__dict__"]
+        group: list[FieldSpec] = []
+
+        def default_ref(f: FieldSpec) -> str:
+            key = f"_D{len(ns)}"
+            ns[key] = defaults[f.name]
+            return key
+
+        def flush_group():
+            if not group:
+                return
+            key = f"_P{len(ns)}"
+            ns[key] = struct.Struct(">" + "".join(FIXED[f.type] for f in group)).pack
+            args = ", ".join(f"v.get({f.name!r}, {default_ref(f)})" for f in group)
+            lines.append(f" out += {key}({args})")
+            group.clear()
+
+        for f in regular:
+            if f.type in FIXED:
+                group.append(f)
+                continue
+            flush_group()
+            lines.append(f" x = v.get({f.name!r}, {default_ref(f)})")
+            lines.extend(" " + line for line in self.field_write_source(f, "x", ns))
+        flush_group()
+        if self.flexible:
+            tag_names = [n for n, _, _ in tag_table.values()]
+            quiet = ["'_tag_order' not in v", "'_unknown_tags' not in v"]
+            for tag_name in tag_names:
+                key = f"_D{len(ns)}"
+                ns[key] = defaults[tag_name]
+                quiet.append(f"v.get({tag_name!r}, {key}) == {key}")
+            lines.append(f" if {' and '.join(quiet)}: out.append(0)")
+            lines.append(" else: _write_tagged(v, out, _TAGS, _DEFAULTS)")
+        exec(compile("\n".join(lines), f"<kproxy {self.spec.name} v{self.version} {name} writer>",
+                     "exec"), ns)
+        return ns["write"]
+
+    def field_write_source(self, f: FieldSpec, x: str, ns: dict) -> list[str]:
+        """Lines that append field value ``x`` to ``out``."""
+        t = f.type
+        if t.startswith("[]"):
+            element = t[2:]
+            lines = self.length_write_source(f"len({x})", x, "array")
+            code = FIXED.get(element)
+            if code is not None:
+                return lines + [f"if {x}: out += _pack(f'>{{len({x})}}{code}', *{x})"]
+            key = f"_W{len(ns)}"
+            ns[key] = self.scalar_writer(element, self.flexible, False)
+            return lines + [f"if {x}:", f" for e in {x}: {key}(e, out)"]
+        if t in ("string", "bytes", "records"):
+            data = f"{x}.encode('utf-8', 'surrogateescape')" if t == "string" else x
+            return ["if x is None:",
+                    *[" " + line for line in self.null_write_source(t)],
+                    "else:",
+                    f" b = {data}",
+                    *[" " + line for line in self.length_write_source("len(b)", "b", t)],
+                    " out += b"]
+        key = f"_W{len(ns)}"
+        ns[key] = self.scalar_writer(t, self.flexible, self.nullable(f))
+        return [f"{key}({x}, out)"]
+
+    def null_write_source(self, t: str) -> list[str]:
+        if self.flexible:
+            return ["out.append(0)"]
+        return ["out += b'\\xff\\xff'" if t == "string" else "out += b'\\xff\\xff\\xff\\xff'"]
+
+    def length_write_source(self, length: str, value: str, what: str) -> list[str]:
+        """Append a length: compact N+1 when flexible, else int16 (strings) / int32."""
+        if self.flexible:
+            null = [] if what != "array" else [f"if {value} is None: out.append(0)", "else:"]
+            pad = " " if null else ""
+            return null + [f"{pad}n = {length} + 1",
+                           f"{pad}if n < 128: out.append(n)",
+                           f"{pad}else: _wuv(n, out)"]
+        pack = "_I16P" if what == "string" else "_I32P"
+        if what == "array":
+            return [f"out += _I32P(-1 if {value} is None else {length})"]
+        return [f"out += {pack}({length})"]
 
     def field_source(self, f: FieldSpec, target: str, ns: dict) -> list[str]:
         """Lines that read field ``f`` into ``target`` and advance ``pos``."""
