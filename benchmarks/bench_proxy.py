@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Proxy throughput: produce and consume directly vs through kproxy, in the same run.
+
+kproxy, the broker and the client share one machine (2 cores here), so
+absolute MB/s say more about the machine than about kproxy; the ratio
+(through kproxy / direct, measured back to back) is the figure to track.
+
+    python benchmarks/bench_proxy.py                  # Apache Kafka 4.4.0 (default)
+    python benchmarks/bench_proxy.py --broker tansu   # Tansu (its in-memory engine stalled
+                                                      # consumers at ~15k records here)
+    python benchmarks/bench_proxy.py --records 200000 --size 1024 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import uvloop  # noqa: E402
+
+from kproxy import config as config_module  # noqa: E402
+from kproxy.runtime import Runtime  # noqa: E402
+
+DEFAULT_RECORDS = 100_000
+DEFAULT_SIZE = 1024
+CONSUME_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ProxyInThread:
+    """kproxy on its own uvloop thread, as it runs in production (its own process's loop)."""
+
+    def __init__(self, upstream: str):
+        port = free_port()
+        self.bootstrap = f"127.0.0.1:{port}"
+        self.runtime = Runtime(config_module.build({
+            "upstream": upstream, "listen": self.bootstrap, "admin_listen": "off",
+            "broker_port_base": free_port(), "log_level": "WARNING"}))
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self):
+        import asyncio
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.runtime.start(), self.loop).result(10)
+        return self
+
+    def __exit__(self, *exc):
+        import asyncio
+        asyncio.run_coroutine_threadsafe(self.runtime.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def produce(bootstrap: str, topic: str, records: int, size: int) -> float:
+    from confluent_kafka import Producer
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1 << 20,
+                         "compression.type": "none", "acks": "all"})
+    payload = b"x" * size
+    start = time.perf_counter()
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, payload)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(60) != 0:
+        raise RuntimeError("produce did not finish")
+    return time.perf_counter() - start
+
+
+def consume(bootstrap: str, topic: str, records: int) -> float:
+    from confluent_kafka import Consumer, TopicPartition
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False, "fetch.max.bytes": 52428800})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got = 0
+    start = time.perf_counter()
+    deadline = start + CONSUME_TIMEOUT_S
+    while got < records and time.perf_counter() < deadline:
+        got += len(consumer.consume(10_000, 1.0))
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    if got < records:
+        raise RuntimeError(f"consumed {got} of {records}")
+    return elapsed
+
+
+def run(broker: str, records: int, size: int, rounds: int) -> dict:
+    if broker == "tansu":
+        from kproxy.embedded.tansu import TansuBroker
+        cm = TansuBroker()
+    else:
+        from kproxy.embedded.kafka import KafkaCluster
+        cm = KafkaCluster(1)
+    mb = records * size / 1e6
+    results = {"broker": broker, "records": records, "record_bytes": size, "rounds": rounds}
+    with cm as b:
+        upstream = b.bootstrap_servers
+        with ProxyInThread(upstream) as proxy:
+            # Alternate direct and kproxy rounds so JVM warm-up and machine noise hit both;
+            # report each one's best round.
+            for _ in range(rounds):
+                for label, bootstrap in (("direct", upstream), ("kproxy", proxy.bootstrap)):
+                    topic = f"bench-{label}-{uuid.uuid4().hex[:6]}"
+                    for op, seconds in (("produce", produce(bootstrap, topic, records, size)),
+                                        ("consume", consume(bootstrap, topic, records))):
+                        key = f"{label}_{op}_mb_s"
+                        results[key] = max(results.get(key, 0.0), mb / seconds)
+    for op in ("produce", "consume"):
+        results[f"{op}_ratio"] = results[f"kproxy_{op}_mb_s"] / results[f"direct_{op}_mb_s"]
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--broker", choices=("kafka", "tansu"), default="kafka")
+    parser.add_argument("--records", type=int, default=DEFAULT_RECORDS)
+    parser.add_argument("--size", type=int, default=DEFAULT_SIZE, help="record value bytes")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; best is reported")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    r = run(args.broker, args.records, args.size, args.rounds)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"{args.records} records x {args.size} B, broker {args.broker}, confluent-kafka client, "
+          f"best of {args.rounds} alternating rounds")
+    print(f"{'':10}{'direct MB/s':>14}{'kproxy MB/s':>14}{'ratio':>8}")
+    for op in ("produce", "consume"):
+        print(f"{op:10}{r[f'direct_{op}_mb_s']:14.1f}{r[f'kproxy_{op}_mb_s']:14.1f}{r[f'{op}_ratio']:8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
