@@ -1,0 +1,130 @@
+"""The metrics observer, fed real frames through the connection tracker."""
+
+import struct
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kproxy.observers.metrics import Metrics, close_reason_label
+from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
+from kproxy.protocol.connection import Connection
+from kproxy.protocol.records import Record, build_batch
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def framed(payload):
+    return struct.pack(">i", len(payload)) + payload
+
+
+def exchange(metrics, conn, clock, api_key, version, correlation_id, request_fields, response_fields,
+             wait=0.0, client_id="app-1"):
+    req = framed(encode_request(Request(api_key, version, correlation_id, client_id,
+                                        new_body("request", api_key, version, **request_fields))))
+    metrics(None, conn.receive_client(req))
+    clock.now += wait
+    resp = framed(encode_response(Response(correlation_id, new_body("response", api_key, version,
+                                                                       **response_fields)),
+                                  api_key, version))
+    metrics(None, conn.receive_broker(resp))
+    return len(req), len(resp)
+
+
+def value(m, name, **labels):
+    return m.registry.get_sample_value(name, labels) or 0.0
+
+
+def batch(n, compression):
+    return build_batch([Record(i, 1000 + i, b"k", b"v" * 100, ()) for i in range(n)], compression)
+
+
+def test_counts_latency_bytes_throttle_errors_and_records():
+    m, clock = Metrics(), Clock()
+    conn = Connection(clock=clock)
+    records = batch(5, "gzip") + batch(3, "zstd")
+    req_size, resp_size = exchange(
+        m, conn, clock, 0, 9, 1,
+        dict(acks=-1, timeout_ms=1000, topic_data=[Struct(name="orders", partition_data=[
+            Struct(index=0, records=records)])]),
+        dict(throttle_time_ms=250, responses=[Struct(name="orders", partition_responses=[
+            Struct(index=0, error_code=6, base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
+                   record_errors=[], error_message=None)])]),
+        wait=0.003)
+    assert value(m, "kproxy_requests_total", api="Produce") == 1
+    assert value(m, "kproxy_request_versions_total", api="Produce", version="9") == 1
+    assert value(m, "kproxy_request_latency_seconds_count", api="Produce") == 1
+    assert value(m, "kproxy_request_latency_seconds_bucket", api="Produce", le="0.0025") == 0
+    assert value(m, "kproxy_request_latency_seconds_bucket", api="Produce", le="0.005") == 1
+    assert value(m, "kproxy_request_bytes_total", api="Produce") == req_size
+    assert value(m, "kproxy_response_size_bytes_sum", api="Produce") == resp_size
+    assert value(m, "kproxy_throttle_time_seconds_sum", api="Produce") == 0.25
+    assert value(m, "kproxy_throttled_responses_total", api="Produce") == 1
+    assert value(m, "kproxy_response_errors_total", api="Produce", error="NOT_LEADER_OR_FOLLOWER") == 1
+    assert value(m, "kproxy_produced_records_total") == 8
+    assert value(m, "kproxy_produced_bytes_total") == len(records)
+    assert value(m, "kproxy_produce_batches_total", compression="gzip") == 1
+    assert value(m, "kproxy_produce_batches_total", compression="zstd") == 1
+
+
+def test_empty_fetch_long_poll_is_kept_apart_from_latency():
+    m, clock = Metrics(), Clock()
+    conn = Connection(clock=clock)
+    empty = [Struct(topic="t", partitions=[Struct(partition_index=0, records=None)])]
+    exchange(m, conn, clock, 1, 12, 1, dict(topics=[]), dict(responses=empty), wait=0.5)
+    full = [Struct(topic="t", partitions=[Struct(partition_index=0, records=batch(4, "lz4"))])]
+    exchange(m, conn, clock, 1, 12, 2, dict(topics=[]), dict(responses=full), wait=0.002)
+    assert value(m, "kproxy_fetch_long_poll_seconds_count", api="Fetch") == 1
+    assert value(m, "kproxy_fetch_long_poll_seconds_sum", api="Fetch") == 0.5
+    assert value(m, "kproxy_request_latency_seconds_count", api="Fetch") == 1
+    assert value(m, "kproxy_fetched_records_total") == 4
+    assert value(m, "kproxy_fetch_batches_total", compression="lz4") == 1
+
+
+def test_unknown_versions_and_decode_failures_are_counted():
+    m, clock = Metrics(), Clock()
+    conn = Connection(clock=clock)
+    m(None, conn.receive_client(framed(struct.pack(">hhih", 3, 99, 1, 0))))       # future version
+    m(None, conn.receive_client(framed(struct.pack(">hhih", 3, 12, 2, 5) + b"ab")))  # truncated
+    m(None, conn.receive_client(framed(struct.pack(">hhih", 31000, 0, 3, 0))))    # no such API
+    assert value(m, "kproxy_opaque_requests_total", api="Metadata") == 1
+    assert value(m, "kproxy_opaque_requests_total", api="unknown") == 1
+    assert value(m, "kproxy_decode_failures_total", direction="request") == 1
+
+
+def test_client_id_label_is_opt_in_and_capped():
+    m, clock = Metrics(client_id_label=True, label_cap=2), Clock()
+    conn = Connection(clock=clock)
+    for i, client in enumerate(["a", "b", "c", "d", "a"]):
+        exchange(m, conn, clock, 18, 3, i, {}, {}, client_id=client)
+    assert value(m, "kproxy_client_requests_total", client_id="a") == 2
+    assert value(m, "kproxy_client_requests_total", client_id="b") == 1
+    assert value(m, "kproxy_client_requests_total", client_id="other") == 2
+    assert Metrics().registry.get_sample_value("kproxy_client_requests_total", {"client_id": "a"}) is None
+
+
+def test_exposition_follows_naming_rules():
+    m = Metrics()
+    m.connection_opened("bootstrap")
+    m.connection_closed("bootstrap", "client closed")
+    text = generate_latest(m.registry).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    ours = [f for name, f in families.items() if name.startswith("kproxy_")]
+    assert len(ours) >= 25
+    for family in ours:
+        if family.type == "counter":
+            assert all(s.name.endswith(("_total", "_created")) for s in family.samples), family.name
+        assert "milliseconds" not in family.name and "_ms" not in family.name
+    assert 'kproxy_connections_closed_total{listener="bootstrap",reason="client_closed"} 1.0' in text
+    assert "kproxy_build_info{" in text and "process_cpu_seconds_total" in text
+
+
+def test_close_reasons_fold_into_a_fixed_set():
+    assert close_reason_label("client closed") == "client_closed"
+    assert close_reason_label("client frame of 200000000 bytes (maximum 104857600)") == "frame_too_large"
+    assert close_reason_label("idle for more than 600s") == "idle_timeout"
+    assert close_reason_label("something new") == "other"
