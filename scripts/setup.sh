@@ -11,11 +11,13 @@ VENV=${VENV:-.venv}
 need_apt=()
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
+command -v promtool >/dev/null || need_apt+=(prometheus)   # Prometheus server + promtool (metrics tests)
+command -v tshark >/dev/null || need_apt+=(tshark)         # reads kproxy's pcapng captures (capture tests)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "setup: installing ${need_apt[*]}"
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
     else
         echo "setup: please install ${need_apt[*]} (needs root)" >&2
         exit 1
