@@ -135,6 +135,7 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--max-frame-size": ("max_frame_size", "largest frame accepted, bytes"),
     "--max-connections": ("max_connections", "client connections at once"),
     "--idle-timeout": ("idle_timeout", "seconds before an idle connection is closed"),
+    "--connect-timeout": ("connect_timeout", "seconds to reach a broker before giving up"),
     "--shutdown-timeout": ("shutdown_timeout", "seconds in-flight requests get on SIGTERM"),
     "--log-level": ("log_level", "DEBUG, INFO, WARNING or ERROR"),
 }
