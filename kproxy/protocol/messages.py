@@ -43,6 +43,7 @@ class Request:
     body: Struct | OpaqueBody
     header_version: int | None = None     # None when the API version is unknown
     header_tags: bytes = EMPTY_TAGS        # raw header tagged-field block (header v2)
+    trailing: bytes = b""                  # bytes after the body (librdkafka sends some; Kafka ignores them)
 
     @property
     def api_name(self) -> str:
@@ -60,6 +61,7 @@ class Response:
     header_version: int | None = None
     header_tags: bytes = EMPTY_TAGS        # raw header tagged-field block (header v1)
     body_version: int | None = None        # version the body was decoded at (ApiVersions fallback: 0)
+    trailing: bytes = b""                  # bytes after the body, kept for byte-identical re-encoding
 
     @property
     def is_opaque(self) -> bool:
@@ -81,11 +83,10 @@ def _tag_block_end(frame, pos: int) -> int:
     return pos
 
 
-def _decode_body(spec: schema.MessageSpec, version: int, frame, pos: int) -> Struct:
+def _decode_body(spec: schema.MessageSpec, version: int, frame, pos: int) -> tuple[Struct, bytes]:
+    """The body, and any bytes after it (kept: Kafka ignores them, and re-encoding must too)."""
     body, end = message_codec(spec, version).read(frame, pos)
-    if end != len(frame):
-        raise DecodeError(f"{spec.name} v{version}: {len(frame) - end} bytes left after the body")
-    return body
+    return body, bytes(frame[end:]) if end < len(frame) else b""
 
 
 def decode_request(frame) -> Request:
@@ -114,9 +115,9 @@ def decode_request(frame) -> Request:
             end = _tag_block_end(frame, pos)
             header_tags = bytes(frame[pos:end])
             pos = end
-        body = _decode_body(schema.REQUESTS[api_key], api_version, frame, pos)
+        body, trailing = _decode_body(schema.REQUESTS[api_key], api_version, frame, pos)
         return Request(api_key, api_version, correlation_id, client_id, body,
-                       header_version, header_tags)
+                       header_version, header_tags, trailing)
     except DecodeError as exc:
         raise DecodeError(f"request: {exc}") from None
     except _LOW_LEVEL as exc:
@@ -135,8 +136,9 @@ def decode_response(frame, api_key: int, api_version: int) -> Response:
         pos = 4
         if api_key == schema.API_VERSIONS_KEY and _api_versions_fallback(frame, pos):
             try:
-                body = _decode_body(schema.RESPONSES[api_key], 0, frame, pos)
-                return Response(correlation_id, body, 0, EMPTY_TAGS, 0)
+                body, trailing = _decode_body(schema.RESPONSES[api_key], 0, frame, pos)
+                if not trailing:
+                    return Response(correlation_id, body, 0, EMPTY_TAGS, 0)
             except DecodeError:
                 pass   # error 35 at the version asked for after all
         header_version = schema.response_header_version(api_key, api_version)
@@ -148,8 +150,8 @@ def decode_response(frame, api_key: int, api_version: int) -> Response:
             end = _tag_block_end(frame, pos)
             header_tags = bytes(frame[pos:end])
             pos = end
-        body = _decode_body(schema.RESPONSES[api_key], body_version, frame, pos)
-        return Response(correlation_id, body, header_version, header_tags, body_version)
+        body, trailing = _decode_body(schema.RESPONSES[api_key], body_version, frame, pos)
+        return Response(correlation_id, body, header_version, header_tags, body_version, trailing)
     except DecodeError as exc:
         raise DecodeError(f"{schema.api_name(api_key)} v{api_version} response: {exc}") from None
     except _LOW_LEVEL as exc:
@@ -177,6 +179,7 @@ def encode_request(request: Request) -> bytes:
         out += request.header_tags
     spec = schema.REQUESTS[request.api_key]
     message_codec(spec, request.api_version).write(request.body, out)
+    out += request.trailing
     return bytes(out)
 
 
@@ -193,6 +196,7 @@ def encode_response(response: Response, api_key: int, api_version: int) -> bytes
     if header_version == 1:
         out += response.header_tags
     message_codec(schema.RESPONSES[api_key], body_version).write(response.body, out)
+    out += response.trailing
     return bytes(out)
 
 

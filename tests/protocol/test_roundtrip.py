@@ -66,3 +66,13 @@ def test_common_apis_round_trip_with_random_values(which, seed, width, version_p
     version = lo + int(version_pick * (hi - lo))
     body = sample_body(kind, api_key, version, seed=seed, width=width)
     assert roundtrip(kind, api_key, version, body).body == body
+
+
+def test_trailing_bytes_after_the_body_are_kept_like_kafka_ignores_them():
+    """librdkafka 2.16's all-topics Metadata v13 request carries 3 stray bytes after the body
+    (captured through kproxy); Kafka's broker ignores them, so the codec must not refuse it."""
+    frame = bytes.fromhex("0003000d00000003000772646b61666b610000000000010000")
+    request = decode_request(frame)
+    assert request.client_id == "rdkafka" and request.body.topics is None
+    assert len(request.trailing) == 3
+    assert encode_request(request) == frame
