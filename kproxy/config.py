@@ -31,6 +31,9 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_SHUTDOWN_TIMEOUT_S = 25.0
 # Upstream connect attempts give up after this; the client then sees its connection close.
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
+# Distinct client_id/topic label values per metric before the rest fold into "other": enough
+# for a real fleet, small enough that a client inventing ids cannot explode the series count.
+DEFAULT_METRICS_LABEL_CAP = 100
 
 
 class ConfigError(ValueError):
@@ -91,6 +94,10 @@ class Config:
     tls_server: TLSServer | None = None
     tls_client: TLSClient | None = None
     log_level: str = "INFO"
+    # Opt-in metric labels; each keeps its first metrics_label_cap values, the rest fold into "other".
+    metrics_client_id_label: bool = False
+    metrics_topic_label: bool = False
+    metrics_label_cap: int = DEFAULT_METRICS_LABEL_CAP
 
     @property
     def port_base(self) -> int:
@@ -105,7 +112,8 @@ _SCALARS: dict[str, type] = {
     "mode": str, "advertised_host": str, "broker_port_rule": str, "broker_port_base": int,
     "advertised_host_template": str, "max_frame_size": int, "max_connections": int,
     "idle_timeout": float, "connect_timeout": float, "shutdown_timeout": float,
-    "cap_api_versions": bool, "log_level": str,
+    "cap_api_versions": bool, "log_level": str, "metrics_client_id_label": bool,
+    "metrics_topic_label": bool, "metrics_label_cap": int,
 }
 _KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "broker_port_map",
                           "tls_server", "tls_client"}
@@ -240,7 +248,7 @@ def _validate(c: Config) -> None:
     except (KeyError, IndexError, ValueError) as exc:
         raise ConfigError(f"advertised_host_template: only {{node_id}} and {{host}} may be used ({exc})") \
             from None
-    for key in ("max_frame_size", "max_connections"):
+    for key in ("max_frame_size", "max_connections", "metrics_label_cap"):
         if getattr(c, key) <= 0:
             raise ConfigError(f"{key}: must be positive, got {getattr(c, key)}")
     for key in ("idle_timeout", "connect_timeout", "shutdown_timeout"):
