@@ -1,0 +1,273 @@
+"""``kproxy capture show`` and ``kproxy capture stats``: read a JSONL or Parquet capture.
+
+::
+
+    kproxy capture show  DIR_OR_FILE [--api Produce,Fetch] [--client-id 'billing-*'] [--topic orders]
+                                     [--conn 12] [--errors] [--limit 50] [--verbose]
+    kproxy capture stats DIR_OR_FILE [--top 10]
+
+A directory means every capture file in it of one format, oldest first:
+JSONL if there is any (it has the bodies ``--verbose`` prints), else
+Parquet. ``.jsonl.gz`` files are read too.
+
+Wiring: ``add_arguments(subparsers)`` registers the ``capture`` command and
+sets ``func`` on the parsed arguments; ``kproxy/cli.py`` then runs
+``args.func(args)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import glob
+import gzip
+import json
+import math
+import os
+import sys
+from collections import Counter, defaultdict
+from typing import Any, Iterable, Iterator, TextIO
+
+from .summary import iso_utc
+
+
+# ---------------------------------------------------------------- reading
+
+def capture_files(path: str, fmt: str | None = None) -> list[str]:
+    """The files ``path`` names: itself, or a directory's capture files of one format."""
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no such capture file or directory: {path}")
+    jsonl = sorted(glob.glob(os.path.join(path, "*.jsonl")) + glob.glob(os.path.join(path, "*.jsonl.gz")))
+    parquet = sorted(glob.glob(os.path.join(path, "*.parquet")))
+    if fmt == "parquet" or (fmt is None and not jsonl):
+        return parquet
+    return jsonl
+
+
+def read_rows(path: str, fmt: str | None = None) -> Iterator[dict]:
+    """Rows of a capture, whatever the format; ``time`` as an ISO string in both."""
+    for name in capture_files(path, fmt):
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            for batch in pq.ParquetFile(name).iter_batches(batch_size=10_000):
+                for row in batch.to_pylist():
+                    t = row.get("time")
+                    if t is not None:
+                        row["time"] = iso_utc(t.timestamp())
+                    yield row
+        else:
+            opener = gzip.open if name.endswith(".gz") else open
+            with opener(name, "rt", encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        yield json.loads(line)
+
+
+# ---------------------------------------------------------------- show
+
+def _matches(row: dict, apis, client_id, topic, connection, errors_only) -> bool:
+    if apis and row.get("api_name", "").lower() not in apis:
+        return False
+    if client_id is not None and not fnmatch.fnmatchcase(row.get("client_id") or "", client_id):
+        return False
+    if topic is not None and not any(fnmatch.fnmatchcase(t, topic) for t in row.get("topics") or ()):
+        return False
+    if connection is not None and row.get("connection_id") != connection:
+        return False
+    if errors_only and not row.get("error_count"):
+        return False
+    return True
+
+
+def format_row(row: dict) -> str:
+    latency = row.get("latency_ms")
+    lat = f"{latency:9.2f}ms" if latency is not None else f"{row.get('outcome', '-'):>11}"
+    resp = row.get("response_size")
+    parts = [
+        row.get("time", "?"),
+        f"conn={row.get('connection_id', '?'):<5}",
+        f"{row.get('client_host', '?')}:{row.get('client_port', '?'):<6}",
+        f"{row.get('api_name', '?'):<20} v{row.get('api_version', '?'):<2}",
+        f"corr={row.get('correlation_id', '?'):<7}",
+        lat,
+        f"req={row.get('request_size', 0):>8}B",
+        f"resp={resp:>8}B" if resp is not None else "resp=       -",
+        f"client={row.get('client_id') or '-'}",
+    ]
+    if row.get("topics"):
+        topics = row["topics"]
+        parts.append("topics=" + ",".join(topics[:5]) + (f",+{len(topics) - 5}" if len(topics) > 5 else ""))
+    if row.get("record_count") is not None:
+        parts.append(f"records={row['record_count']}")
+    if row.get("errors"):
+        parts.append("errors=" + ",".join(row["errors"]))
+    if row.get("decode_error"):
+        parts.append("UNDECODED")
+    return " ".join(str(p) for p in parts)
+
+
+def show(path: str, *, apis: Iterable[str] = (), client_id: str | None = None, topic: str | None = None,
+         connection: int | None = None, errors_only: bool = False, limit: int | None = None,
+         verbose: bool = False, fmt: str | None = None, out: TextIO | None = None) -> int:
+    """Print one line per pair (and with ``verbose`` the JSONL bodies); returns the lines printed."""
+    out = out or sys.stdout
+    wanted = {a.strip().lower() for a in apis if a.strip()}
+    shown = 0
+    for row in read_rows(path, fmt):
+        if not _matches(row, wanted, client_id, topic, connection, errors_only):
+            continue
+        if limit is not None and shown >= limit:
+            break
+        print(format_row(row), file=out)
+        if verbose:
+            for side in ("request", "response"):
+                if side in row:
+                    body = json.dumps(row[side], indent=2, sort_keys=False)
+                    print(f"  {side}: " + body.replace("\n", "\n  "), file=out)
+        shown += 1
+    return shown
+
+
+# ---------------------------------------------------------------- stats
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of an unsorted list (None when empty)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(round(q * len(ordered), 9)))      # round: 0.99 * 100 is 99.00000000000001
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
+    apis: dict[str, dict[str, Any]] = defaultdict(lambda: {"pairs": 0, "latencies": [], "request_bytes": 0,
+                                                           "response_bytes": 0, "errors": 0})
+    errors: Counter = Counter()
+    clients: Counter = Counter()
+    topics: Counter = Counter()
+    outcomes: Counter = Counter()
+    connections = set()
+    first = last = None
+    total = request_bytes = response_bytes = 0
+    for row in rows:
+        total += 1
+        api = apis[row.get("api_name", "?")]
+        api["pairs"] += 1
+        if row.get("latency_ms") is not None:
+            api["latencies"].append(row["latency_ms"])
+        api["request_bytes"] += row.get("request_size") or 0
+        api["response_bytes"] += row.get("response_size") or 0
+        api["errors"] += row.get("error_count") or 0
+        request_bytes += row.get("request_size") or 0
+        response_bytes += row.get("response_size") or 0
+        for name in row.get("errors") or ():
+            errors[name] += 1
+        clients[row.get("client_id") or "-"] += 1
+        for t in row.get("topics") or ():
+            topics[t] += 1
+        outcomes[row.get("outcome", "?")] += 1
+        connections.add(row.get("connection_id"))
+        t = row.get("time")
+        if t is not None:
+            first = t if first is None or t < first else first
+            last = t if last is None or t > last else last
+    per_api = {}
+    for name, api in sorted(apis.items(), key=lambda kv: -kv[1]["pairs"]):
+        lat = api.pop("latencies")
+        per_api[name] = dict(api, p50_ms=percentile(lat, 0.5), p99_ms=percentile(lat, 0.99),
+                             max_ms=max(lat) if lat else None)
+    return {"pairs": total, "connections": len(connections), "first": first, "last": last,
+            "request_bytes": request_bytes, "response_bytes": response_bytes, "apis": per_api,
+            "errors": dict(errors.most_common()), "outcomes": dict(outcomes.most_common()),
+            "top_clients": clients.most_common(top), "top_topics": topics.most_common(top)}
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:10.2f}" if value is not None else f"{'-':>10}"
+
+
+def stats(path: str, *, top: int = 10, fmt: str | None = None, out: TextIO | None = None) -> dict[str, Any]:
+    """Summarise a capture; prints a report and returns the numbers."""
+    out = out or sys.stdout
+    s = compute_stats(read_rows(path, fmt), top)
+    print(f"{s['pairs']} pairs on {s['connections']} connections, {s['first'] or '-'} .. {s['last'] or '-'}; "
+          f"requests {s['request_bytes']} B, responses {s['response_bytes']} B", file=out)
+    print(f"{'API':<24}{'pairs':>8}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}"
+          f"{'req bytes':>14}{'resp bytes':>14}{'errors':>8}", file=out)
+    for name, api in s["apis"].items():
+        print(f"{name:<24}{api['pairs']:>8}{_ms(api['p50_ms'])}{_ms(api['p99_ms'])}{_ms(api['max_ms'])}"
+              f"{api['request_bytes']:>14}{api['response_bytes']:>14}{api['errors']:>8}", file=out)
+    print("outcomes: " + ", ".join(f"{k} {v}" for k, v in s["outcomes"].items()), file=out)
+    if s["errors"]:
+        print("errors by name:", file=out)
+        for name, count in s["errors"].items():
+            print(f"  {name:<40}{count:>8}", file=out)
+    print("top clients (client_id):", file=out)
+    for name, count in s["top_clients"]:
+        print(f"  {name:<40}{count:>8}", file=out)
+    if s["top_topics"]:
+        print("top topics:", file=out)
+        for name, count in s["top_topics"]:
+            print(f"  {name:<40}{count:>8}", file=out)
+    return s
+
+
+# ---------------------------------------------------------------- argparse
+
+def add_arguments(subparsers) -> argparse.ArgumentParser:
+    """Register ``capture show`` and ``capture stats`` on a parent's subparsers."""
+    capture = subparsers.add_parser("capture", help="read JSONL / Parquet traffic captures")
+    sub = capture.add_subparsers(dest="capture_command", required=True)
+    show_p = sub.add_parser("show", help="one line per request/response pair")
+    show_p.add_argument("path", help="a capture file or a capture directory")
+    show_p.add_argument("--api", default="", help="API names, comma-separated (e.g. Produce,Fetch)")
+    show_p.add_argument("--client-id", help="client_id glob, e.g. 'billing-*'")
+    show_p.add_argument("--topic", help="topic name or glob")
+    show_p.add_argument("--conn", type=int, help="connection id")
+    show_p.add_argument("--errors", action="store_true", help="only pairs with an error code")
+    show_p.add_argument("--limit", type=int, help="stop after this many lines")
+    show_p.add_argument("--verbose", "-v", action="store_true", help="print decoded bodies (JSONL)")
+    show_p.add_argument("--format", choices=("jsonl", "parquet"), help="which files of a directory")
+    show_p.set_defaults(func=_run_show)
+    stats_p = sub.add_parser("stats", help="pairs, latency p50/p99, bytes and errors per API")
+    stats_p.add_argument("path", help="a capture file or a capture directory")
+    stats_p.add_argument("--top", type=int, default=10, help="how many clients / topics to list")
+    stats_p.add_argument("--format", choices=("jsonl", "parquet"), help="which files of a directory")
+    stats_p.set_defaults(func=_run_stats)
+    return capture
+
+
+def _run_show(args) -> int:
+    try:
+        show(args.path, apis=args.api.split(","), client_id=args.client_id, topic=args.topic,
+             connection=args.conn, errors_only=args.errors, limit=args.limit, verbose=args.verbose,
+             fmt=args.format)
+    except BrokenPipeError:          # `| head`
+        return 0
+    except (OSError, ValueError) as exc:
+        print(f"kproxy capture show: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_stats(args) -> int:
+    try:
+        stats(args.path, top=args.top, fmt=args.format)
+    except (OSError, ValueError) as exc:
+        print(f"kproxy capture stats: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kproxy")
+    add_arguments(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""JSON Lines capture: one object per request/response pair, bodies included.
+
+Each line holds the summary columns of ``SCHEMA.md`` (``time`` as an ISO
+8601 UTC string with microseconds) plus ``request`` and ``response``: the
+decoded bodies with bytes as base64, UUIDs as Kafka prints them, secrets as
+``"<redacted N bytes>"`` and ``records`` fields as a per-partition summary
+(``batches``, ``records``, ``bytes``, ``codecs``; with record data enabled,
+also ``data``: the decoded records, keys/values/header values in base64).
+"""
+
+from __future__ import annotations
+
+import json
+
+from .files import RotatingSink
+from .summary import iso_utc
+
+
+class JsonlSink(RotatingSink):
+    ext = ".jsonl"
+
+    def __init__(self, files, counters):
+        super().__init__(files)
+        self.counters = counters
+
+    def write(self, row: dict) -> None:
+        out = dict(row)
+        out["time"] = iso_utc(row["time"])
+        line = (json.dumps(out, ensure_ascii=True, separators=(",", ":"), default=str) + "\n").encode()
+        self.before_write(len(line))
+        self.file.write(line)
+        self.items_in_file += 1
+        self.counters.bytes_written += len(line)
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()

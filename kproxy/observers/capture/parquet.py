@@ -1,0 +1,173 @@
+"""Parquet capture: the summary columns of every request/response pair, zstd, in row groups.
+
+Schema version 1 (``SCHEMA_VERSION``; also in each file's key-value metadata
+as ``kproxy.capture.schema_version`` and in the ``capture_version`` column).
+Bodies are not stored (use JSONL for those). Timestamps are microseconds,
+UTC (Spark rejects nanoseconds). A new schema version only ever adds
+columns, so readers of version N read version N+1 files.
+
+==================  ==============================================  =========================================
+column              type                                            meaning
+==================  ==============================================  =========================================
+capture_version     int16                                           schema version of this row (1)
+time                timestamp[us, tz=UTC]                           when the request was complete at kproxy
+connection_id       int64                                           kproxy's connection id (per process)
+client_host         string                                          client address as kproxy saw it
+client_port         int32
+listener            string                                          "bootstrap" or "broker-<node id>"
+upstream_host       string                                          broker address kproxy connected to
+upstream_port       int32
+node_id             int32, null                                     upstream node id, if known
+client_id           string, null                                    request header client_id
+api_key             int16
+api_name            string                                          Kafka's name, e.g. "Produce"
+api_version         int16
+correlation_id      int32
+outcome             string                                          response / no_response (acks=0) / unanswered
+latency_ms          float64, null                                   request complete → response complete
+request_size        int32                                           request frame bytes incl. size prefix
+response_size       int32, null                                     response frame bytes incl. size prefix
+throttle_ms         int32, null                                     response throttle_time_ms, if it has one
+error_count         int32                                           non-zero error codes in the response
+errors              list<string>                                    distinct error names, in order seen
+topics              list<string>                                    topics named by request or response
+partition_count     int32                                           distinct topic-partitions named
+record_count        int64, null                                     records (batch headers); null: no records field
+record_bytes        int64, null                                     record batch bytes
+batch_count         int32, null                                     record batches
+compression         list<string>                                    codecs of those batches
+topic_records       list<struct<topic: string, record_count: int64,  per-topic records and bytes
+                    record_bytes: int64>>, null
+decode_error        string, null                                    why a frame could not be decoded
+==================  ==============================================  =========================================
+"""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .files import RotatingSink
+from .summary import SCHEMA_VERSION
+
+COMPRESSION = "zstd"
+
+_TOPIC_RECORDS = pa.struct([("topic", pa.string()), ("record_count", pa.int64()),
+                            ("record_bytes", pa.int64())])
+
+SCHEMA = pa.schema([
+    ("capture_version", pa.int16()),
+    ("time", pa.timestamp("us", tz="UTC")),
+    ("connection_id", pa.int64()),
+    ("client_host", pa.string()),
+    ("client_port", pa.int32()),
+    ("listener", pa.string()),
+    ("upstream_host", pa.string()),
+    ("upstream_port", pa.int32()),
+    ("node_id", pa.int32()),
+    ("client_id", pa.string()),
+    ("api_key", pa.int16()),
+    ("api_name", pa.string()),
+    ("api_version", pa.int16()),
+    ("correlation_id", pa.int32()),
+    ("outcome", pa.string()),
+    ("latency_ms", pa.float64()),
+    ("request_size", pa.int32()),
+    ("response_size", pa.int32()),
+    ("throttle_ms", pa.int32()),
+    ("error_count", pa.int32()),
+    ("errors", pa.list_(pa.string())),
+    ("topics", pa.list_(pa.string())),
+    ("partition_count", pa.int32()),
+    ("record_count", pa.int64()),
+    ("record_bytes", pa.int64()),
+    ("batch_count", pa.int32()),
+    ("compression", pa.list_(pa.string())),
+    ("topic_records", pa.list_(_TOPIC_RECORDS)),
+    ("decode_error", pa.string()),
+], metadata={b"kproxy.capture.schema_version": str(SCHEMA_VERSION).encode()})
+
+COLUMNS = tuple(SCHEMA.names)
+_STRING_COLUMNS = ("client_host", "listener", "upstream_host", "client_id", "api_name", "outcome",
+                   "decode_error")
+
+
+def _text(value):
+    """Strings that are valid UTF-8 (the codec keeps undecodable bytes as surrogates)."""
+    if value is None or value.isascii():
+        return value
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+class ParquetSink(RotatingSink):
+    ext = ".parquet"
+
+    def __init__(self, files, counters, batch_rows: int, flush_seconds: float):
+        super().__init__(files)
+        self.counters = counters
+        self.batch_rows = batch_rows
+        self.flush_seconds = flush_seconds
+        self.columns: dict[str, list] = {name: [] for name in COLUMNS}
+        self.pending = 0
+        self.last_flush = time.monotonic()
+        self.writer: pq.ParquetWriter | None = None
+
+    def on_open(self) -> None:
+        self.writer = pq.ParquetWriter(self.file, SCHEMA, compression=COMPRESSION)
+
+    def on_close(self) -> None:
+        self._write_pending()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def close(self) -> None:
+        if self.pending:
+            self.ensure_open()          # rows buffered after a rotation still get written
+        super().close()
+
+    def write(self, row: dict) -> None:
+        columns = self.columns
+        for name in COLUMNS:
+            columns[name].append(row[name])
+        self.pending += 1
+        if self.pending >= self.batch_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write buffered rows as one row group; rotate if the file is now big enough."""
+        self._write_pending()
+        if self.file is not None and self.items_in_file and self.size() >= self.files.rotate_bytes:
+            self.rotate()
+
+    def _write_pending(self) -> None:
+        if not self.pending:
+            return
+        self.ensure_open()
+        columns = self.columns
+        self.columns = {name: [] for name in COLUMNS}
+        pending, self.pending = self.pending, 0
+        try:
+            columns["time"] = [int(round(t * 1_000_000)) for t in columns["time"]]
+            for name in _STRING_COLUMNS:
+                columns[name] = [_text(v) for v in columns[name]]
+            columns["topics"] = [[_text(t) for t in topics] for topics in columns["topics"]]
+            columns["topic_records"] = [
+                None if entries is None else [dict(e, topic=_text(e["topic"])) for e in entries]
+                for entries in columns["topic_records"]]
+            table = pa.Table.from_pydict(columns, schema=SCHEMA)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            self.counters.row_errors += pending - 1      # the writer counts the one that raised
+            raise
+        before = self.size()
+        self.writer.write_table(table)
+        self.items_in_file += pending
+        self.counters.bytes_written += max(self.size() - before, 0)
+        self.last_flush = time.monotonic()
+
+    def tick(self, now: float) -> None:
+        if self.pending and now - self.last_flush >= self.flush_seconds:
+            self.flush()
+        super().tick(now)

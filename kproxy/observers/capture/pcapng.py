@@ -1,0 +1,256 @@
+"""pcapng capture: each proxied connection as one synthesized TCP stream.
+
+The stream runs between the client's real address and the real upstream
+broker address (as if kproxy were not there), opens with a SYN / SYN-ACK /
+ACK handshake at the first captured event, carries each direction's frames
+(size prefix + frame) as TCP segments of at most ``MAX_SEGMENT`` bytes with
+consistent sequence and acknowledgement numbers, and closes with FIN / FIN /
+ACK when kproxy reports the connection closed. Wireshark's and tshark's
+Kafka dissector reads it directly (``-d tcp.port==<broker port>,kafka`` for
+a port other than 9092).
+
+What is written is the decoded plaintext, even if the real wire was TLS.
+Frames are the broker's own bytes (responses kproxy rewrote for the client
+appear as the broker sent them). Redaction keeps every length, so sequence
+numbers stay true: secret fields are zero-filled; record keys, values and
+header values are zero-filled unless record data is enabled (compressed
+batches: the whole payload); SASL v0 raw tokens (never seen by kproxy's
+observers) are written as their size prefix plus zeros. Every packet
+changed this way carries a pcapng comment saying so.
+
+Format (pcapng 1.0, little-endian): one Section Header Block, one Interface
+Description Block with LINKTYPE_RAW (bare IPv4/IPv6 packets; both families
+in one file) and microsecond timestamps, then Enhanced Packet Blocks. IPv4
+header checksums and TCP checksums are computed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+
+from ... import __version__
+from .files import RotatingSink
+
+LINKTYPE_RAW = 101
+MAX_SEGMENT = 65000            # TCP payload per packet: keeps IPv4 total length < 65535
+_SHB = 0x0A0D0D0A
+_IDB = 0x00000001
+_EPB = 0x00000006
+_BYTE_ORDER_MAGIC = 0x1A2B3C4D
+_OPT_COMMENT = 1
+_SHB_USERAPPL = 4
+_IF_NAME = 2
+_IF_DESCRIPTION = 3
+_IF_TSRESOL = 9
+
+TCP_FIN, TCP_SYN, TCP_PSH, TCP_ACK = 0x01, 0x02, 0x08, 0x10
+_SIZE = struct.Struct(">i")
+_EPB_HEAD = struct.Struct("<IIIII")
+_IPV4 = struct.Struct("!BBHHHBBH4s4s")
+_IPV6 = struct.Struct("!IHBB16s16s")
+_TCP = struct.Struct("!HHIIBBHHH")
+# Stand-ins when an address is a host name that does not resolve (TEST-NET-1/2, RFC 5737).
+_FALLBACK_CLIENT = ipaddress.ip_address("192.0.2.1")
+_FALLBACK_SERVER = ipaddress.ip_address("198.51.100.1")
+
+
+def _option(code: int, value: bytes) -> bytes:
+    return struct.pack("<HH", code, len(value)) + value + b"\0" * (-len(value) % 4)
+
+
+def _options(*opts: bytes) -> bytes:
+    return b"".join(opts) + b"\0\0\0\0" if opts else b""
+
+
+def _block(block_type: int, body: bytes) -> bytes:
+    body += b"\0" * (-len(body) % 4)
+    total = len(body) + 12
+    return struct.pack("<II", block_type, total) + body + struct.pack("<I", total)
+
+
+def section_header() -> bytes:
+    body = struct.pack("<IHHq", _BYTE_ORDER_MAGIC, 1, 0, -1)
+    body += _options(_option(_SHB_USERAPPL, f"kproxy {__version__}".encode()))
+    return _block(_SHB, body)
+
+
+def interface_description() -> bytes:
+    body = struct.pack("<HHI", LINKTYPE_RAW, 0, 0)
+    body += _options(_option(_IF_NAME, b"kproxy"),
+                     _option(_IF_DESCRIPTION, b"synthesized TCP streams of decoded Kafka frames"),
+                     _option(_IF_TSRESOL, b"\x06"))
+    return _block(_IDB, body)
+
+
+def enhanced_packet(micros: int, packet: bytes, comment: str | None = None) -> bytes:
+    body = _EPB_HEAD.pack(0, (micros >> 32) & 0xFFFFFFFF, micros & 0xFFFFFFFF, len(packet), len(packet))
+    body += packet + b"\0" * (-len(packet) % 4)
+    if comment:
+        body += _options(_option(_OPT_COMMENT, comment.encode()))
+    return _block(_EPB, body)
+
+
+def checksum(data: bytes) -> int:
+    """The Internet checksum (RFC 1071) of ``data``."""
+    if len(data) & 1:
+        data += b"\0"
+    # 2**16 ≡ 1 (mod 2**16 - 1): the big number's residue is the one's-complement word sum.
+    total = int.from_bytes(data, "big") % 0xFFFF
+    if total == 0 and any(data):
+        total = 0xFFFF
+    return ~total & 0xFFFF
+
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class TcpStream:
+    """Sequence numbers of one synthesized connection (client = the TCP opener)."""
+
+    __slots__ = ("client", "client_port", "server", "server_port", "client_seq", "server_seq",
+                 "ip_id", "closed")
+
+    def __init__(self, connection_id: int, client: Address, client_port: int,
+                 server: Address, server_port: int):
+        if client.version != server.version:        # IPv4 client, IPv6 broker (or the reverse)
+            client, server = _as_v6(client), _as_v6(server)
+        self.client, self.client_port = client, client_port
+        self.server, self.server_port = server, server_port
+        isn = (connection_id * 2654435761) & 0xFFFFFFFF
+        self.client_seq = isn
+        self.server_seq = isn ^ 0x5BD1E995
+        self.ip_id = connection_id & 0xFFFF
+        self.closed = False
+
+    def _packet(self, from_client: bool, seq: int, ack: int, flags: int, payload: bytes) -> bytes:
+        if from_client:
+            src, dst, sport, dport = self.client, self.server, self.client_port, self.server_port
+        else:
+            src, dst, sport, dport = self.server, self.client, self.server_port, self.client_port
+        tcp = _TCP.pack(sport, dport, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF, 5 << 4, flags, 65535, 0, 0)
+        length = len(tcp) + len(payload)
+        if src.version == 4:
+            pseudo = src.packed + dst.packed + struct.pack("!BBH", 0, 6, length)
+        else:
+            pseudo = src.packed + dst.packed + struct.pack("!I3xB", length, 6)
+        csum = checksum(pseudo + tcp + payload)
+        tcp = tcp[:16] + struct.pack("!H", csum) + tcp[18:]
+        if src.version == 4:
+            self.ip_id = (self.ip_id + 1) & 0xFFFF
+            ip = _IPV4.pack(0x45, 0, 20 + length, self.ip_id, 0x4000, 64, 6, 0, src.packed, dst.packed)
+            ip = ip[:10] + struct.pack("!H", checksum(ip)) + ip[12:]
+        else:
+            ip = _IPV6.pack(6 << 28, length, 6, 64, src.packed, dst.packed)
+        return ip + tcp + payload
+
+    def handshake(self) -> list[bytes]:
+        c, s = self.client_seq, self.server_seq
+        packets = [self._packet(True, c, 0, TCP_SYN, b""),
+                   self._packet(False, s, c + 1, TCP_SYN | TCP_ACK, b""),
+                   self._packet(True, c + 1, s + 1, TCP_ACK, b"")]
+        self.client_seq = (c + 1) & 0xFFFFFFFF
+        self.server_seq = (s + 1) & 0xFFFFFFFF
+        return packets
+
+    def data(self, from_client: bool, payload: bytes) -> list[bytes]:
+        packets = []
+        for start in range(0, len(payload), MAX_SEGMENT):
+            chunk = payload[start:start + MAX_SEGMENT]
+            if from_client:
+                packets.append(self._packet(True, self.client_seq, self.server_seq,
+                                            TCP_PSH | TCP_ACK, chunk))
+                self.client_seq = (self.client_seq + len(chunk)) & 0xFFFFFFFF
+            else:
+                packets.append(self._packet(False, self.server_seq, self.client_seq,
+                                            TCP_PSH | TCP_ACK, chunk))
+                self.server_seq = (self.server_seq + len(chunk)) & 0xFFFFFFFF
+        return packets
+
+    def close(self) -> list[bytes]:
+        c, s = self.client_seq, self.server_seq
+        self.closed = True
+        return [self._packet(True, c, s, TCP_FIN | TCP_ACK, b""),
+                self._packet(False, s, c + 1, TCP_FIN | TCP_ACK, b""),
+                self._packet(True, c + 1, s + 1, TCP_ACK, b"")]
+
+
+def _as_v6(address: Address) -> ipaddress.IPv6Address:
+    if address.version == 6:
+        return address
+    return ipaddress.IPv6Address("::ffff:" + str(address))
+
+
+_resolved: dict[str, Address | None] = {}
+
+
+def resolve(host: str) -> Address | None:
+    """An IP literal, or a host name resolved once (on the writer thread) and remembered."""
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        return address
+    except ValueError:
+        pass
+    if host not in _resolved:
+        try:
+            info = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+            _resolved[host] = ipaddress.ip_address(info[0][4][0].split("%")[0])
+        except (OSError, ValueError, IndexError):
+            _resolved[host] = None
+    return _resolved[host]
+
+
+class PcapngSink(RotatingSink):
+    ext = ".pcapng"
+
+    def __init__(self, files, counters):
+        super().__init__(files)
+        self.counters = counters
+        self.streams: dict[int, TcpStream] = {}
+
+    def on_open(self) -> None:
+        self._raw(section_header() + interface_description())
+
+    def _raw(self, data: bytes) -> None:
+        self.file.write(data)
+        self.counters.bytes_written += len(data)
+
+    def _stream(self, info, micros: int, out: list[bytes]) -> TcpStream:
+        stream = self.streams.get(info.id)
+        if stream is None:
+            client = resolve(info.client[0]) or _FALLBACK_CLIENT
+            server = resolve(info.upstream[0]) or _FALLBACK_SERVER
+            stream = self.streams[info.id] = TcpStream(info.id, client, info.client[1],
+                                                       server, info.upstream[1])
+            out.extend(enhanced_packet(micros, p) for p in stream.handshake())
+        return stream
+
+    def frame(self, info, from_client: bool, wall: float, frame, comment: str | None = None) -> None:
+        """One Kafka frame (without its size prefix) sent by the client or the broker."""
+        micros = int(round(wall * 1_000_000))
+        payload = _SIZE.pack(len(frame)) + bytes(frame)
+        self.before_write(len(payload) + 200 * (1 + len(payload) // MAX_SEGMENT))
+        out: list[bytes] = []
+        stream = self._stream(info, micros, out)
+        for i, packet in enumerate(stream.data(from_client, payload)):
+            out.append(enhanced_packet(micros, packet, comment if i == 0 else None))
+        self._raw(b"".join(out))
+        self.items_in_file += 1
+        self.counters.packets_written += len(out)
+
+    def placeholder(self, info, from_client: bool, wall: float, size: int, comment: str) -> None:
+        """A frame whose bytes kproxy never kept (SASL v0 raw token): size prefix + zeros."""
+        self.frame(info, from_client, wall, bytes(max(size - 4, 0)), comment)
+
+    def close_stream(self, info, wall: float) -> None:
+        stream = self.streams.pop(info.id, None)
+        if stream is None:
+            return
+        self.before_write(200 * 3)
+        micros = int(round(wall * 1_000_000))
+        packets = stream.close()
+        self._raw(b"".join(enhanced_packet(micros, p) for p in packets))
+        self.counters.packets_written += len(packets)
