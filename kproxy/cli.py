@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--config", help="TOML or YAML config file")
     for flag, (key, help_text) in RUN_FLAGS.items():
         run.add_argument(flag, dest=key, help=help_text)
+    from .observers.capture import cli as capture_cli
+    capture_cli.add_arguments(sub)
     run.add_argument("--no-cap-api-versions", action="store_true",
                      help="pass ApiVersions through uncapped (clients may pick versions kproxy cannot rewrite)")
     demo = sub.add_parser("demo", help="start a local broker, run traffic through kproxy, print it decoded")
@@ -184,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kafka").setLevel(logging.WARNING)
     if args.command == "run":
         return _run(args)
+    if args.command == "capture":
+        return args.func(args)
     if args.command == "demo":
         try:
             import uvloop
