@@ -1,8 +1,9 @@
 """Start and stop a whole kproxy: the proxy listeners plus the admin listener.
 
 Used by ``kproxy run``, the demo and end-to-end tests, so all three run the
-same wiring. Shutdown order: stop accepting, let in-flight requests finish
-(bounded by ``shutdown_timeout``), close connections, close the admin port.
+same wiring. Shutdown order: stop accepting connections and reading new requests
+(``/readyz`` turns 503), close each connection once its in-flight requests are
+answered (all by ``shutdown_timeout``), close the admin port.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class Runtime:
     async def _readyz(self):
         if not self.proxy.started:
             return 503, "text/plain", b"starting\n"
+        if self.proxy.stopping:             # draining: load balancers should send no one new
+            return 503, "text/plain", b"stopping\n"
         ok, detail = await upstream_reachable(self.config.upstreams)
         return (200 if ok else 503), "text/plain", (detail + "\n").encode()
 

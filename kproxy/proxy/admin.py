@@ -30,7 +30,7 @@ async def upstream_reachable(addresses) -> tuple[bool, str]:
             writer.close()
             return True, f"{host}:{port} reachable"
         except (OSError, asyncio.TimeoutError) as exc:
-            errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+            errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")   # timeouts have no text
     return False, "; ".join(errors)
 
 

@@ -10,8 +10,10 @@ forwarding.
 
 Backpressure: each pump awaits ``drain()`` after writing, so it stops
 reading its side while the other side's write buffer is above
-``WRITE_HIGH_WATER``; memory per connection stays bounded by that plus one
-frame being held for rewriting.
+``WRITE_HIGH_WATER``. Memory per connection is bounded by that plus the
+tracker's copy of the frame in progress in each direction (kept whole so
+observers can decode it), i.e. at most ``max_frame_size`` per direction; a
+streaming header walk for large pass-through frames would lower that.
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ class Relay:
     def in_flight(self) -> int:
         return self.tracker.in_flight if self.tracker is not None else 0
 
+    def stop_reading_requests(self) -> None:
+        """Shutdown has begun: take no new requests from the client; answers still flow."""
+        if self.writers:
+            self.writers[0].transport.pause_reading()
+
     def close(self, reason: str) -> None:
         """Close both sockets now (idle timeout, shutdown, limits)."""
         if self.close_reason is None:
@@ -112,13 +119,15 @@ async def _client_to_broker(relay: Relay, reader, writer, observers) -> str:
             if writer.can_write_eof():
                 writer.write_eof()
             return "client closed"
-        writer.write(data)
-        relay.bytes_from_client += len(data)
-        relay.last_active = time.monotonic()
         try:
+            # Framed before forwarding (cheap: decoding is lazy) so that an oversized or
+            # negative size prefix closes the connection before the broker sees any of it.
             events = tracker.receive_client(data)
         except FrameTooLarge as exc:
             return str(exc)
+        writer.write(data)
+        relay.bytes_from_client += len(data)
+        relay.last_active = time.monotonic()
         if events:
             _notify(observers, relay.info, events)
         await writer.drain()
@@ -159,7 +168,7 @@ async def _connect(policy: RelayPolicy) -> tuple[HostPort, asyncio.StreamReader,
                                                     policy.connect_timeout)
             return (host, port), reader, writer
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
-            errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+            errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")   # timeouts have no text
     raise ConnectionError("; ".join(errors) or "no upstream address known")
 
 
@@ -173,6 +182,13 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_wri
     except ConnectionError as exc:
         log.warning("conn client=%s:%d listener=%s upstream unreachable: %s",
                     *peer, policy.name, exc)
+        client_writer.close()
+        return
+    except asyncio.CancelledError:
+        # Closed (shutdown, idle) while still connecting. End normally: a connection
+        # handler that ends cancelled makes asyncio log a traceback as an error.
+        log.info("conn client=%s:%d listener=%s closed while connecting upstream: %s",
+                 *peer, policy.name, relay.close_reason or "cancelled")
         client_writer.close()
         return
     relay.writers.append(broker_writer)

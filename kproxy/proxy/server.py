@@ -33,6 +33,13 @@ log = logging.getLogger("kproxy.server")
 
 API_VERSIONS_KEY = 18
 METADATA_KEY = 3
+DESCRIBE_CLUSTER_KEY = 60
+CONTROLLER_ENDPOINT_TYPE = 2      # DescribeCluster's EndpointType for "list the controllers"
+# Responses whose addresses are KRaft controller (quorum) listeners, not brokers': Vote,
+# BeginQuorumEpoch, EndQuorumEpoch, DescribeQuorum, FetchSnapshot, UpdateRaftVoter. In
+# combined mode a controller shares its node id with a broker, so learning from them would
+# re-point that broker's listener at the controller port. They are rewritten, not learnt.
+CONTROLLER_ADDRESS_KEYS = frozenset({52, 53, 54, 55, 59, 82})
 LISTEN_BACKLOG = 1024             # accept queue per listener; clients burst on rebalances
 IDLE_CHECK_INTERVAL_S = 5.0       # how often idle connections are looked for
 SHUTDOWN_POLL_S = 0.05            # how often shutdown checks for in-flight requests
@@ -56,6 +63,7 @@ class Proxy:
         self._decode_failures_logged: set[tuple] = set()
         self.rejected_connections = 0
         self.started = False
+        self.stopping = False
 
     # ------------------------------------------------------------ addresses
 
@@ -88,6 +96,13 @@ class Proxy:
         self._ensure_broker_listener(node_id, listen_port)
         return c.public_host, listen_port
 
+    def advertise_controller(self, node_id: int, host: str, port: int) -> HostPort:
+        """Like ``advertise`` for a controller's address: same mapping, nothing learnt or opened."""
+        c = self.config
+        if c.mode == "sidecar":
+            return self.advertise(node_id, host, port)
+        return c.public_host, self.port_for(node_id)
+
     # ------------------------------------------------------------ rewriting
 
     def hold(self, api_key: int, api_version: int) -> bool:
@@ -108,7 +123,11 @@ class Proxy:
             changed = cap_api_versions(response)
         if api_key == METADATA_KEY and self.config.mode == "gateway":
             self._retire_missing_brokers({n for n, _, _ in node_addresses(api_key, version, response.body)})
-        changed = rewrite_addresses(api_key, version, response, self.advertise) or changed
+        controllers = api_key in CONTROLLER_ADDRESS_KEYS or (
+            api_key == DESCRIBE_CLUSTER_KEY
+            and getattr(response.body, "endpoint_type", None) == CONTROLLER_ENDPOINT_TYPE)
+        mapper = self.advertise_controller if controllers else self.advertise
+        changed = rewrite_addresses(api_key, version, response, mapper) or changed
         if not changed:
             return None
         try:
@@ -140,6 +159,9 @@ class Proxy:
 
     def _handler(self, policy: RelayPolicy):
         async def handle(reader, writer):
+            if self.stopping:                # accepted just before the listener closed
+                writer.close()
+                return
             if len(self.relays) >= self.config.max_connections:
                 self.rejected_connections += 1
                 peer = writer.get_extra_info("peername")
@@ -227,11 +249,22 @@ class Proxy:
                     relay.close(f"idle for more than {timeout:g}s")
 
     async def stop(self) -> None:
-        """Stop accepting, let in-flight requests finish (bounded), then close everything."""
+        """Stop accepting and taking new requests; close each connection once its in-flight
+        requests are answered (all of them by ``shutdown_timeout``).
+
+        New requests are not read: a consumer long-polls back to back, so waiting for a
+        moment with nothing in flight anywhere would always run into the timeout.
+        """
+        self.stopping = True
         for server in self.listeners.values():
             server.close()
+        for relay in list(self.relays):
+            relay.stop_reading_requests()
         deadline = time.monotonic() + self.config.shutdown_timeout
-        while any(r.in_flight for r in self.relays) and time.monotonic() < deadline:
+        while self.relays and time.monotonic() < deadline:
+            for relay in list(self.relays):
+                if relay.in_flight == 0:
+                    relay.close("shutting down")
             await asyncio.sleep(SHUTDOWN_POLL_S)
         for relay in list(self.relays):
             relay.close("shutting down")

@@ -1,0 +1,676 @@
+"""kproxy in front of real Kafka deployments: a three-broker cluster, TLS, SASL.
+
+- Gateway: one kproxy before a three-node KRaft cluster; producer and consumer
+  keep going while a partition's leader broker is restarted, follow the leader
+  through kproxy (its listener is retired and reopened with the broker), and
+  lose nothing.
+- Sidecar: one kproxy beside each broker, each advertising every node by rule;
+  clients bootstrapped at one sidecar reach all partitions through the others.
+- TLS on both sides (mutual towards the broker), hostname verification that
+  fails closed, optional client certificates.
+- SASL PLAIN and SCRAM-SHA-512 pass through untouched, including the raw
+  tokens of SaslHandshake v0; a wrong password is an ordinary client error.
+
+In every case clients must see only kproxy's addresses, never a broker's.
+Each group of tests starts its own brokers (class-scoped, so at most one
+group's JVMs run at a time on this shared machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import ssl
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+
+import pytest
+
+from kproxy.embedded import KAFKA_4_VERSION, KafkaCluster
+from kproxy.protocol import Struct, decode_response
+from kproxy.protocol.connection import RequestReceived, ResponseReceived
+from tests.proxy.certs import PKI, make_pki, openssl_available
+from tests.proxy.harness import ProxyThread
+from tests.proxy.test_faults import (METADATA, RawClient, api_versions_ok, framed, http_status,
+                                     kproxy_log, wait_for)  # noqa: F401 - kproxy_log: a fixture
+from tests.proxy.test_proxy_e2e import client_bytes, free_ports  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
+
+ADMIN_TIMEOUT_S = 30.0
+CONSUME_TIMEOUT_S = 90.0          # a group join after a coordinator moved can take a while
+LEADER_MOVE_TIMEOUT_S = 60.0
+PROGRESS = 100                    # messages that must get through in each phase of the restart
+PRODUCE_INTERVAL_S = 0.005        # pace of the background producer (~200 messages/s)
+SHUTDOWN_TIMEOUT_S = 5.0          # kproxy's, so a leftover client connection cannot stall a test
+DESCRIBE_QUORUM = 55
+
+
+@pytest.fixture(autouse=True)
+def no_errors_logged(kproxy_log):
+    """Every test here fails if kproxy or asyncio logged an error (see ``kproxy_log``)."""
+    yield
+
+
+# ---------------------------------------------------------------- helpers
+
+def topic_name(kind: str) -> str:
+    return f"kp-{kind}-{uuid.uuid4().hex[:8]}"
+
+
+def assert_no_upstream_address(chunks: list[bytes], upstreams: Iterable[tuple[str, int]],
+                               advertised: Iterable[tuple[str, int]]) -> None:
+    """No broker address in what kproxy sent clients; every kproxy address is there."""
+    stream = b"".join(chunks)
+    for host, port in upstreams:
+        for encoded in (struct.pack(">i", port), struct.pack(">H", port)):
+            assert host.encode() + encoded not in stream, f"upstream {host}:{port} leaked"
+    for host, port in advertised:
+        assert host.encode() + struct.pack(">i", port) in stream, f"{host}:{port} never advertised"
+
+
+def upstream_addresses(cluster: KafkaCluster) -> list[tuple[str, int]]:
+    internal = [(h, int(p)) for h, _, p in
+                (a.rpartition(":") for a in cluster.internal_bootstrap_servers.split(","))]
+    return [(n.host, n.port) for n in cluster.nodes] + internal
+
+
+def broker_addresses(metadata) -> set[tuple[str, int]]:
+    return {(b.host, b.port) for b in metadata.brokers.values()}
+
+
+def create_topic(admin, topic: str, partitions: int, replication: int, **config: str) -> None:
+    from confluent_kafka.admin import NewTopic
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=replication, config=config)
+    admin.create_topics([new])[topic].result(ADMIN_TIMEOUT_S)
+
+
+def round_trip(config: dict, topic: str, count: int = 20) -> None:
+    """Produce ``count`` messages with acks=all and consume them all back in a group."""
+    from confluent_kafka import Producer
+
+    failures = []
+    producer = Producer({**config, "acks": "all"})
+    for i in range(count):
+        producer.produce(topic, value=f"m{i}".encode(),
+                         on_delivery=lambda err, msg: err and failures.append(err))
+    assert producer.flush(ADMIN_TIMEOUT_S) == 0 and not failures
+    consume(config, topic, {f"m{i}".encode() for i in range(count)})
+
+
+def consume(config: dict, topic: str, expected: set[bytes]) -> None:
+    from confluent_kafka import Consumer
+    consumer = Consumer({**config, "group.id": f"g-{topic}", "auto.offset.reset": "earliest",
+                         "session.timeout.ms": 6000})
+    consumer.subscribe([topic])
+    got: set[bytes] = set()
+    deadline = time.monotonic() + CONSUME_TIMEOUT_S
+    try:
+        while not expected <= got and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.add(msg.value())
+    finally:
+        consumer.close()
+    assert expected <= got, f"{len(expected - got)} of {len(expected)} messages never consumed"
+
+
+def api_trace() -> tuple[list, Callable]:
+    """An observer recording (monotonic time, listener, event) for every event."""
+    seen: list = []
+
+    def observe(info, events):
+        now = time.monotonic()
+        seen.extend((now, info.listener, e) for e in events)
+    return seen, observe
+
+
+# ---------------------------------------------------------------- three brokers
+
+@pytest.fixture(scope="class")
+def cluster3(require_kafka) -> Iterator[KafkaCluster]:
+    require_kafka(KAFKA_4_VERSION)
+    with KafkaCluster(3) as cluster:
+        yield cluster
+
+
+class Traffic:
+    """A producer (acks=all, idempotent) and a group consumer, each on its own thread."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        self.bootstrap, self.topic = bootstrap, topic
+        self.produced = 0
+        self.delivered: set[int] = set()
+        self.consumed: set[int] = set()
+        self.delivery_errors: list = []
+        self.crashes: list[BaseException] = []
+        self._stop_producing = threading.Event()
+        self._stop_consuming = threading.Event()
+        self._threads = [threading.Thread(target=self._guard, args=(f,), daemon=True)
+                         for f in (self._produce, self._consume)]
+
+    def _guard(self, body):
+        try:
+            body()
+        except BaseException as exc:          # noqa: BLE001 - reported by check()
+            self.crashes.append(exc)
+
+    def _on_delivery(self, err, msg):
+        if err is None:
+            self.delivered.add(int(msg.value()))
+        else:
+            self.delivery_errors.append(err)
+
+    def _produce(self):
+        from confluent_kafka import Producer
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
+                             "enable.idempotence": True, "linger.ms": 5})
+        while not self._stop_producing.is_set():
+            producer.produce(self.topic, key=str(self.produced), value=str(self.produced),
+                             on_delivery=self._on_delivery)
+            self.produced += 1
+            producer.poll(PRODUCE_INTERVAL_S)
+        assert producer.flush(120) == 0
+
+    def _consume(self):
+        from confluent_kafka import Consumer
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"g-{self.topic}",
+                             "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
+        consumer.subscribe([self.topic])
+        try:
+            while not self._stop_consuming.is_set():
+                msg = consumer.poll(0.2)
+                if msg is not None and msg.error() is None:
+                    self.consumed.add(int(msg.value()))
+        finally:
+            consumer.close()
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def check(self) -> None:
+        assert not self.crashes, self.crashes
+
+    def wait_for_progress(self, count: int, what: str) -> None:
+        """Wait until ``count`` more messages are both acknowledged and consumed."""
+        delivered, consumed = len(self.delivered), len(self.consumed)
+        wait_for(lambda: self.check() or (len(self.delivered) >= delivered + count
+                                          and len(self.consumed) >= consumed + count),
+                 CONSUME_TIMEOUT_S, f"{count} messages through kproxy {what}")
+
+    def finish(self) -> None:
+        """Stop producing, flush, then consume until every acknowledged message arrived."""
+        self._stop_producing.set()
+        self._threads[0].join(150)
+        self.check()
+        wait_for(lambda: self.check() or self.delivered <= self.consumed, CONSUME_TIMEOUT_S,
+                 "every acknowledged message to be consumed")
+        self._stop_consuming.set()
+        self._threads[1].join(30)
+        self.check()
+
+
+def led_topic(admin, topic: str):
+    """Metadata for ``topic`` once it lists every partition with a leader, else None."""
+    metadata = admin.list_topics(topic, timeout=ADMIN_TIMEOUT_S)
+    described = metadata.topics.get(topic)
+    if described is None or described.error is not None or not described.partitions:
+        return None
+    return metadata if all(p.leader >= 0 for p in described.partitions.values()) else None
+
+
+def partition_leader(admin, topic: str, partition: int) -> int:
+    metadata = admin.list_topics(topic, timeout=ADMIN_TIMEOUT_S)
+    return metadata.topics[topic].partitions[partition].leader
+
+
+def listener_names(proxy: ProxyThread) -> set[str]:
+    async def names():
+        return set(proxy.runtime.proxy.listeners)
+    return proxy.call(names())
+
+
+class TestThreeBrokers:
+
+    def test_gateway_follows_the_leader_across_a_broker_restart(self, cluster3, client_bytes):
+        from confluent_kafka import ElectionType, TopicPartition
+        from confluent_kafka.admin import AdminClient
+
+        ports = dict(zip([n.node_id for n in cluster3.nodes], free_ports(3)))
+        advertised = {("127.0.0.1", p) for p in ports.values()}
+        trace, observe = api_trace()
+        with ProxyThread(observers=[observe], upstream=cluster3.bootstrap_servers,
+                         broker_port_rule="map", broker_port_map=ports,
+                         shutdown_timeout=SHUTDOWN_TIMEOUT_S) as proxy:
+            admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+            topic = topic_name("restart")
+            create_topic(admin, topic, partitions=6, replication=3, **{"min.insync.replicas": "2"})
+            assert broker_addresses(admin.list_topics(timeout=ADMIN_TIMEOUT_S)) == advertised
+            all_listeners = {"bootstrap", "broker-1", "broker-2", "broker-3"}
+            wait_for(lambda: listener_names(proxy) == all_listeners, ADMIN_TIMEOUT_S,
+                     "one listener per broker")
+
+            traffic = Traffic(proxy.bootstrap, topic)
+            traffic.start()
+            traffic.wait_for_progress(PROGRESS, "before the restart")
+
+            leader = partition_leader(admin, topic, 0)
+            cluster3.stop_node(leader)
+            wait_for(lambda: partition_leader(admin, topic, 0) not in (leader, -1),
+                     LEADER_MOVE_TIMEOUT_S, "partition 0 to get a new leader")
+            traffic.wait_for_progress(PROGRESS, f"while node {leader} is down")
+            wait_for(lambda: len(admin.list_topics(timeout=ADMIN_TIMEOUT_S).brokers) == 2
+                     and f"broker-{leader}" not in listener_names(proxy),
+                     ADMIN_TIMEOUT_S, f"node {leader}'s listener to be retired with it")
+
+            cluster3.start_node(leader)
+            wait_for(lambda: len(admin.list_topics(timeout=ADMIN_TIMEOUT_S).brokers) == 3
+                     and listener_names(proxy) == all_listeners,
+                     ADMIN_TIMEOUT_S, f"node {leader} and its listener to come back")
+
+            # Hand leadership back to the restarted broker (it is partition 0's preferred
+            # replica) once it is in sync again: clients must find it at its new listener.
+            def leader_returned() -> bool:
+                with contextlib.suppress(Exception):
+                    admin.elect_leaders(ElectionType.PREFERRED,
+                                        [TopicPartition(topic, p) for p in range(6)]
+                                        ).result(ADMIN_TIMEOUT_S)
+                return partition_leader(admin, topic, 0) == leader
+            wait_for(leader_returned, LEADER_MOVE_TIMEOUT_S, f"node {leader} to lead again")
+            returned = time.monotonic()
+            traffic.wait_for_progress(PROGRESS, f"after node {leader} leads again")
+            traffic.finish()
+
+            assert not traffic.delivery_errors
+            assert traffic.delivered == set(range(traffic.produced)), "a message was not acknowledged"
+            assert traffic.delivered <= traffic.consumed
+            assert any(listener == f"broker-{leader}" and isinstance(e, RequestReceived)
+                       and e.api_key == 0 for t, listener, e in trace if t > returned), \
+                "no Produce reached the restarted leader through its reopened listener"
+        assert_no_upstream_address(client_bytes, upstream_addresses(cluster3), advertised)
+
+    @pytest.mark.parametrize("rule", ["offset", "fixed"])
+    def test_sidecars(self, cluster3, client_bytes, rule):
+        """One kproxy per broker. ``offset``: all on 127.0.0.1, port = base + node id.
+        ``fixed``: every sidecar on the same port, each on its own address (as pods are),
+        advertised by the template ``127.0.0.1{node_id}``."""
+        from confluent_kafka.admin import AdminClient
+
+        nodes = cluster3.nodes
+        settings = {}
+        if rule == "offset":
+            base = consecutive_free_ports(len(nodes) + 1)
+            for node in nodes:
+                settings[node.node_id] = dict(listen=f"127.0.0.1:{base + node.node_id}",
+                                              broker_port_base=base)
+            advertised = {("127.0.0.1", base + n.node_id) for n in nodes}
+        else:
+            hosts = {n.node_id: f"127.0.0.1{n.node_id}" for n in nodes}
+            port = port_free_on(hosts.values())
+            for node in nodes:
+                settings[node.node_id] = dict(listen=f"{hosts[node.node_id]}:{port}",
+                                              advertised_host_template="127.0.0.1{node_id}")
+            advertised = {(h, port) for h in hosts.values()}
+        traces = {}
+        with contextlib.ExitStack() as stack:
+            sidecars = {}
+            for node in nodes:
+                traces[node.node_id], observe = api_trace()
+                sidecars[node.node_id] = stack.enter_context(ProxyThread(
+                    observers=[observe], mode="sidecar", upstream=f"{node.host}:{node.port}",
+                    broker_port_rule=rule, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                    **settings[node.node_id]))
+            config = {"bootstrap.servers": sidecars[nodes[0].node_id].bootstrap}
+
+            admin = AdminClient(config)
+            topic = topic_name(f"sidecar-{rule}")
+            create_topic(admin, topic, partitions=6, replication=1)
+            metadata = wait_for(lambda: led_topic(admin, topic), ADMIN_TIMEOUT_S,
+                                "every partition of the new topic to have a leader")
+            assert broker_addresses(metadata) == advertised
+            leaders = {p.leader for p in metadata.topics[topic].partitions.values()}
+            assert leaders == {n.node_id for n in nodes}, "partitions should be led by every broker"
+            round_trip(config, topic, count=60)
+
+            for node in nodes:               # each sidecar served Produce for its own partitions
+                assert any(isinstance(e, RequestReceived) and e.api_key == 0
+                           for _, _, e in traces[node.node_id]), f"sidecar {node.node_id} idle"
+        assert_no_upstream_address(client_bytes, upstream_addresses(cluster3), advertised)
+
+
+    def test_describe_quorum_leaves_broker_listeners_alone(self, cluster3, client_bytes):
+        """DescribeQuorum lists the controllers' listeners under the same node ids as the
+        brokers (combined mode): kproxy hides those addresses too, but must keep routing
+        broker-<id> to the broker (it used to re-point it at the controller port)."""
+        ports = dict(zip([n.node_id for n in cluster3.nodes], free_ports(3)))
+        advertised = {("127.0.0.1", p) for p in ports.values()}
+        trace, observe = api_trace()
+        with ProxyThread(observers=[observe], upstream=cluster3.bootstrap_servers,
+                         broker_port_rule="map", broker_port_map=ports,
+                         shutdown_timeout=SHUTDOWN_TIMEOUT_S) as proxy:
+            client = RawClient(proxy.bootstrap)
+            client.roundtrip(METADATA, 12, topics=None)
+            quorum = client.roundtrip(DESCRIBE_QUORUM, 2, topics=[Struct(
+                topic_name="__cluster_metadata", partitions=[Struct(partition_index=0)])])
+            client.close()
+            listed = {(l.host, l.port) for node in quorum.body.nodes for l in node.listeners}
+            assert listed == advertised
+            for port in ports.values():               # each broker listener still reaches a broker
+                broker = RawClient(("127.0.0.1", port))
+                metadata = broker.roundtrip(METADATA, 12, topics=None)
+                assert {(b.host, b.port) for b in metadata.body.brokers} == advertised
+                broker.close()
+        # The event's decoded ``response`` is the rewritten one; its frame is what the broker sent.
+        [original] = [decode_response(e.frame, DESCRIBE_QUORUM, 2) for _, _, e in trace
+                      if isinstance(e, ResponseReceived) and e.api_key == DESCRIBE_QUORUM]
+        controllers = {(l.host, l.port) for node in original.body.nodes for l in node.listeners}
+        assert len(controllers) == 3
+        assert_no_upstream_address(client_bytes, [*upstream_addresses(cluster3), *controllers],
+                                   advertised)
+
+
+def consecutive_free_ports(count: int) -> int:
+    """A base port with base+1 … base+count-1 free as well (for the offset rule)."""
+    for _ in range(100):
+        base = free_ports(1)[0]
+        if base + count > 65535:
+            continue
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def port_free_on(hosts: Iterable[str]) -> int:
+    """A port free on every one of several loopback addresses."""
+    hosts = list(hosts)
+    for _ in range(100):
+        with contextlib.ExitStack() as stack:
+            first = stack.enter_context(socket.socket())
+            first.bind((hosts[0], 0))
+            port = first.getsockname()[1]
+            try:
+                for host in hosts[1:]:
+                    stack.enter_context(socket.socket()).bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no port free on all of " + ", ".join(hosts))
+
+
+# ---------------------------------------------------------------- TLS
+
+@pytest.fixture(scope="class")
+def pki(tmp_path_factory) -> PKI:
+    if not openssl_available():
+        pytest.fail("the openssl command is needed to make test certificates", pytrace=False)
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="class")
+def tls_cluster(require_kafka, pki) -> Iterator[KafkaCluster]:
+    """One node whose CLIENT listener is TLS only and requires a client certificate."""
+    require_kafka(KAFKA_4_VERSION)
+    extra = {
+        "listener.security.protocol.map": "CLIENT:SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.name.client.ssl.keystore.type": "PEM",
+        "listener.name.client.ssl.keystore.location": str(pki.server.chain),
+        "listener.name.client.ssl.truststore.type": "PEM",
+        "listener.name.client.ssl.truststore.location": str(pki.ca),
+        "listener.name.client.ssl.client.auth": "required",
+    }
+    with KafkaCluster(extra_config=extra) as cluster:
+        yield cluster
+
+
+class Impostor:
+    """A TLS server with a certificate the CA really signed, but for another name."""
+
+    def __init__(self, identity):
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(identity.cert, identity.key)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.address = self.listener.getsockname()
+        self.handshakes: list[str] = []         # "ok" or the error
+        self.received = b""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        while not self._stop.is_set():
+            try:
+                raw, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            raw.settimeout(5)
+            try:
+                with self.context.wrap_socket(raw, server_side=True) as conn:
+                    data = conn.recv(4096)       # the handshake ends with the first read
+                    self.handshakes.append("ok")
+                    self.received += data
+            except (OSError, ssl.SSLError) as exc:
+                self.handshakes.append(repr(exc))
+                raw.close()
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(5)
+        self.listener.close()
+
+
+@pytest.fixture
+def impostor(pki) -> Iterator[Impostor]:
+    server = Impostor(pki.impostor)
+    yield server
+    server.close()
+
+
+def tls_proxy(cluster: KafkaCluster, pki: PKI, observers=(), **tls_server) -> ProxyThread:
+    ports = dict(zip([n.node_id for n in cluster.nodes], free_ports(len(cluster.nodes))))
+    proxy = ProxyThread(
+        observers=observers, upstream=cluster.bootstrap_servers, broker_port_rule="map",
+        broker_port_map=ports, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        tls_client={"ca_file": str(pki.ca), "cert_file": str(pki.client.cert),
+                    "key_file": str(pki.client.key), "check_hostname": True},
+        tls_server={"cert_file": str(pki.server.cert), "key_file": str(pki.server.key), **tls_server})
+    proxy.advertised = {("127.0.0.1", p) for p in ports.values()}
+    return proxy
+
+
+def ssl_config(proxy: ProxyThread, pki: PKI, **extra) -> dict:
+    return {"bootstrap.servers": proxy.bootstrap, "security.protocol": "SSL",
+            "ssl.ca.location": str(pki.ca), "ssl.endpoint.identification.algorithm": "https",
+            **extra}
+
+
+def tls_answer(proxy: ProxyThread, pki: PKI, identity=None) -> bytes | str:
+    """Send ApiVersions v0 over Python's TLS (presenting ``identity`` if given); the bytes
+    kproxy answered (empty if it closed), or the TLS error that ended the connection."""
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    if identity is not None:
+        context.load_cert_chain(identity.cert, identity.key)
+    host, port = proxy.runtime.proxy.bootstrap_address
+    raw = socket.create_connection((host, port), timeout=ADMIN_TIMEOUT_S)
+    try:
+        with context.wrap_socket(raw, server_hostname=host) as conn:
+            # TLS 1.3 clients finish their handshake before the server checks their
+            # certificate: a refusal shows on the first read.
+            conn.sendall(framed(b"\x00\x12\x00\x00\x00\x00\x00\x01\xff\xff"))
+            return conn.recv(4096)
+    except (ssl.SSLError, ConnectionResetError, BrokenPipeError) as exc:
+        return repr(exc)
+
+
+class TestTLS:
+
+    def test_tls_on_both_sides(self, tls_cluster, pki, client_bytes):
+        """TLS from the client to kproxy and mutual TLS from kproxy to the broker; kproxy
+        still decodes everything, and rewrites addresses inside the encrypted streams."""
+        trace, observe = api_trace()
+        with tls_proxy(tls_cluster, pki, observers=[observe]) as proxy:
+            from confluent_kafka.admin import AdminClient
+            config = ssl_config(proxy, pki)
+            metadata = AdminClient(config).list_topics(timeout=ADMIN_TIMEOUT_S)
+            assert broker_addresses(metadata) == proxy.advertised
+            round_trip(config, topic_name("tls"))
+        apis = {e.api_key for _, _, e in trace if isinstance(e, ResponseReceived)
+                and e.decode_error is None}
+        assert {0, 1, 3, 10} <= apis               # Produce, Fetch, Metadata, FindCoordinator
+        assert_no_upstream_address(client_bytes, upstream_addresses(tls_cluster), proxy.advertised)
+
+    def test_hostname_mismatch_fails_closed(self, pki, impostor, caplog):
+        """A broker whose CA-signed certificate names another host: kproxy refuses it and
+        closes the client; with hostname checks off the same server is accepted (control)."""
+        caplog.set_level(logging.INFO, logger="kproxy")
+        def proxy_to_impostor(check_hostname: bool) -> ProxyThread:
+            return ProxyThread(upstream=f"{impostor.address[0]}:{impostor.address[1]}",
+                               broker_port_rule="map", broker_port_map={1: free_ports(1)[0]},
+                               tls_client={"ca_file": str(pki.ca), "check_hostname": check_hostname},
+                               shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+
+        with proxy_to_impostor(check_hostname=True) as proxy:
+            for _ in range(2):                  # the second client proves kproxy stayed up
+                client = RawClient(proxy.bootstrap)
+                client.send(b"\x00\x00\x00\x0a" + b"\x00" * 10)
+                elapsed, received = client.wait_closed()
+                assert received == 0
+            assert http_status(proxy.admin_url + "/healthz")[0] == 200
+        refusals = [r.getMessage() for r in caplog.records if "upstream unreachable" in r.getMessage()]
+        assert len(refusals) == 2 and all("mismatch" in m for m in refusals), refusals
+        assert impostor.received == b"", "bytes reached a server that failed verification"
+
+        with proxy_to_impostor(check_hostname=False) as proxy:
+            client = RawClient(proxy.bootstrap)
+            client.send(b"\x00\x00\x00\x0a" + b"\x00" * 10)
+            wait_for(lambda: impostor.received, ADMIN_TIMEOUT_S, "the control connection's bytes")
+            client.close()
+
+    def test_untrusted_broker_certificate_fails_closed(self, tls_cluster, pki, caplog):
+        caplog.set_level(logging.INFO, logger="kproxy")
+        ports = {1: free_ports(1)[0]}
+        with ProxyThread(upstream=tls_cluster.bootstrap_servers, broker_port_rule="map",
+                         broker_port_map=ports, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                         tls_client={"ca_file": str(pki.other_ca)}) as proxy:
+            client = RawClient(proxy.bootstrap)
+            client.send(b"\x00\x00\x00\x0a" + b"\x00" * 10)
+            _, received = client.wait_closed()
+            assert received == 0
+            assert http_status(proxy.admin_url + "/healthz")[0] == 200
+        assert any("upstream unreachable" in r.getMessage() and "certificate verify failed"
+                   in r.getMessage() for r in caplog.records)
+
+    def test_client_certificates_required(self, tls_cluster, pki):
+        with tls_proxy(tls_cluster, pki, client_ca_file=str(pki.ca)) as proxy:
+            for identity in (None, pki.stranger):          # no certificate; an unknown CA's
+                answer = tls_answer(proxy, pki, identity)
+                assert answer == b"" or isinstance(answer, str), "kproxy served an unknown client"
+            answer = tls_answer(proxy, pki, pki.client)                      # control
+            assert isinstance(answer, bytes) and answer[4:8] == b"\x00\x00\x00\x01"
+            config = ssl_config(proxy, pki, **{"ssl.certificate.location": str(pki.client.cert),
+                                               "ssl.key.location": str(pki.client.key)})
+            round_trip(config, topic_name("mtls"))
+
+
+# ---------------------------------------------------------------- SASL
+
+SCRAM_USER, PASSWORD = "alice", "alice-secret"
+
+
+@pytest.fixture(scope="class")
+def sasl_cluster(require_kafka) -> Iterator[KafkaCluster]:
+    """One node with SASL_PLAINTEXT on CLIENT: PLAIN (JAAS users) and SCRAM-SHA-512."""
+    require_kafka(KAFKA_4_VERSION)
+    extra = {
+        "listener.security.protocol.map": "CLIENT:SASL_PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+        "listener.name.client.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+        "listener.name.client.plain.sasl.jaas.config":
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'user_{SCRAM_USER}="{PASSWORD}";',
+        "listener.name.client.scram-sha-512.sasl.jaas.config":
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+    }
+    scram = f"SCRAM-SHA-512=[name={SCRAM_USER},password={PASSWORD}]"
+    with KafkaCluster(extra_config=extra, format_args=["--add-scram", scram]) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def sasl_proxy(sasl_cluster) -> Iterator[ProxyThread]:
+    ports = {1: free_ports(1)[0]}
+    trace, observe = api_trace()
+    with ProxyThread(observers=[observe], upstream=sasl_cluster.bootstrap_servers,
+                     broker_port_rule="map", broker_port_map=ports,
+                     shutdown_timeout=SHUTDOWN_TIMEOUT_S) as proxy:
+        proxy.trace = trace
+        proxy.advertised = {("127.0.0.1", p) for p in ports.values()}
+        yield proxy
+
+
+def sasl_config(proxy: ProxyThread, mechanism: str, password: str = PASSWORD) -> dict:
+    return {"bootstrap.servers": proxy.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism, "sasl.username": SCRAM_USER, "sasl.password": password}
+
+
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
+SASL_AUTHENTICATION_FAILED = 58
+
+
+class TestSASL:
+
+    @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
+    def test_authenticates_through_kproxy(self, sasl_cluster, sasl_proxy, client_bytes, mechanism):
+        from confluent_kafka.admin import AdminClient
+        config = sasl_config(sasl_proxy, mechanism)
+        assert broker_addresses(AdminClient(config).list_topics(timeout=ADMIN_TIMEOUT_S)) == \
+            sasl_proxy.advertised
+        round_trip(config, topic_name(f"sasl-{mechanism.lower()}"))
+        auth = [e for _, _, e in sasl_proxy.trace
+                if isinstance(e, ResponseReceived) and e.api_key == SASL_AUTHENTICATE]
+        assert auth and all(e.response.body.error_code == 0 for e in auth)
+        # SCRAM's server signature covers the client's nonce: a single altered byte and
+        # the client would have refused the broker. Passing through means untouched.
+        assert_no_upstream_address(client_bytes, upstream_addresses(sasl_cluster), sasl_proxy.advertised)
+
+    @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
+    def test_wrong_password_is_a_clean_client_error(self, sasl_proxy, mechanism):
+        from confluent_kafka import KafkaError, Producer
+        errors = []
+        producer = Producer({**sasl_config(sasl_proxy, mechanism, password="not-it"),
+                             "error_cb": errors.append})
+        deadline = time.monotonic() + ADMIN_TIMEOUT_S
+        while not any(e.code() == KafkaError._AUTHENTICATION for e in errors):
+            assert time.monotonic() < deadline, f"no authentication error, got {errors}"
+            producer.poll(0.2)
+        del producer
+        answers = [e.response.body.error_code for _, _, e in sasl_proxy.trace
+                   if isinstance(e, ResponseReceived) and e.api_key == SASL_AUTHENTICATE]
+        assert SASL_AUTHENTICATION_FAILED in answers      # the broker's verdict, passed on
+        assert http_status(sasl_proxy.admin_url + "/healthz")[0] == 200
+        round_trip(sasl_config(sasl_proxy, mechanism), topic_name("sasl-after"))   # still serving
+
+    def test_sasl_handshake_v0_raw_tokens(self, sasl_proxy):
+        """SaslHandshake v0: the PLAIN token goes without a Kafka header; kproxy passes it
+        and the answer, then decodes and rewrites the Metadata that follows."""
+        client = RawClient(sasl_proxy.bootstrap)
+        api_versions_ok(client)
+        handshake = client.roundtrip(SASL_HANDSHAKE, 0, mechanism="PLAIN")
+        assert handshake.body.error_code == 0
+        client.send(framed(f"\0{SCRAM_USER}\0{PASSWORD}".encode()))
+        size, = struct.unpack(">i", client._recv_exactly(4))
+        client._recv_exactly(size)               # the broker's (empty) raw answer
+        metadata = client.roundtrip(METADATA, 12, topics=None)
+        assert {(b.host, b.port) for b in metadata.body.brokers} == sasl_proxy.advertised
+        client.close()
