@@ -100,8 +100,10 @@ async def _demo(args) -> int:
         node = cluster.nodes[0]
         print(f"broker (upstream)  {node.host}:{node.port}  (clients never see this address)\n"
               f"kproxy bootstrap   127.0.0.1:{listen_port}  <- point bootstrap.servers here\n"
+              f"metrics            {runtime.admin_url}/metrics\n"
               f"health / ready     {runtime.admin_url}/healthz  {runtime.admin_url}/readyz\n"
-              f"metrics            not yet (the metrics issue adds {runtime.admin_url}/metrics)\n"
+              f"capture            curl -X POST {runtime.admin_url}/capture/start "
+              f"-d '{{\"directory\": \"/tmp/kproxy-capture\"}}'   (then kproxy capture stats /tmp/kproxy-capture)\n"
               f"Ctrl-C stops the demo and the broker.\n", flush=True)
         stop = threading.Event()
         traffic = asyncio.create_task(asyncio.to_thread(_demo_traffic, f"127.0.0.1:{listen_port}", stop))

@@ -98,6 +98,10 @@ class Config:
     metrics_client_id_label: bool = False
     metrics_topic_label: bool = False
     metrics_label_cap: int = DEFAULT_METRICS_LABEL_CAP
+    # Capture settings (directory, formats, filters, rotation; see README "Traffic capture"):
+    # defaults for captures started through the admin listener, and for capture_autostart.
+    capture: Mapping[str, Any] | None = None
+    capture_autostart: bool = False
 
     @property
     def port_base(self) -> int:
@@ -113,10 +117,10 @@ _SCALARS: dict[str, type] = {
     "advertised_host_template": str, "max_frame_size": int, "max_connections": int,
     "idle_timeout": float, "connect_timeout": float, "shutdown_timeout": float,
     "cap_api_versions": bool, "log_level": str, "metrics_client_id_label": bool,
-    "metrics_topic_label": bool, "metrics_label_cap": int,
+    "metrics_topic_label": bool, "metrics_label_cap": int, "capture_autostart": bool,
 }
 _KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "broker_port_map",
-                          "tls_server", "tls_client"}
+                          "tls_server", "tls_client", "capture"}
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
@@ -153,6 +157,25 @@ def _tls(key: str, value: Any, cls: type) -> Any:
         if f.name.endswith("_file") and path is not None and not Path(path).is_file():
             raise ConfigError(f"{key}.{f.name}: no such file {path!r}")
     return tls
+
+
+def _capture(value: Any) -> dict[str, Any]:
+    """Validate a capture table with the capture module's own rules (it names the bad key)."""
+    from .observers.capture import CaptureConfig
+    if isinstance(value, str):                   # KPROXY_CAPTURE='{"directory": "/var/kproxy"}'
+        import json
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ConfigError(f"capture: expected a JSON object ({exc})") from None
+    if not isinstance(value, Mapping):
+        raise ConfigError("capture: expected a table of settings")
+    merged = {"directory": "kproxy-capture", **value}
+    try:
+        CaptureConfig.from_dict(merged)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return merged
 
 
 def read_file(path: str | Path) -> dict[str, Any]:
@@ -213,6 +236,8 @@ def build(*layers: Mapping[str, Any]) -> Config:
             values["broker_port_map"] = {int(k): int(v) for k, v in mapping.items()}
         except (ValueError, AttributeError):
             raise ConfigError("broker_port_map: expected NODE_ID=PORT pairs") from None
+    if "capture" in raw:
+        values["capture"] = _capture(raw.pop("capture"))
     values["tls_server"] = _tls("tls_server", raw.pop("tls_server", None), TLSServer)
     values["tls_client"] = _tls("tls_client", raw.pop("tls_client", None), TLSClient)
     for key, value in raw.items():
@@ -254,6 +279,8 @@ def _validate(c: Config) -> None:
     for key in ("idle_timeout", "connect_timeout", "shutdown_timeout"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}: must not be negative, got {getattr(c, key)}")
+    if c.capture_autostart and c.capture is None:
+        raise ConfigError("capture_autostart: needs a capture table (at least its directory)")
     if c.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level: must be DEBUG, INFO, WARNING or ERROR, got {c.log_level!r}")
 

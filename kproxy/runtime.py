@@ -9,11 +9,17 @@ answered (all by ``shutdown_timeout``), close the admin port.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 from typing import Iterable
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from .config import Config
+from .observers.capture import Capture
+from .observers.capture import control as capture_control
+from .observers.metrics import Metrics
 from .proxy.admin import AdminServer, upstream_reachable
 from .proxy.relay import Observer
 from .proxy.server import Proxy
@@ -21,11 +27,42 @@ from .proxy.server import Proxy
 log = logging.getLogger("kproxy")
 
 
+def _json(status: int, payload: dict) -> tuple[int, str, bytes]:
+    return status, "application/json", (json.dumps(payload, indent=2, default=str) + "\n").encode()
+
+
 class Runtime:
     def __init__(self, config: Config, observers: Iterable[Observer] = ()):
         self.config = config
-        self.proxy = Proxy(config, observers)
-        self.admin = AdminServer({"/healthz": self._healthz, "/readyz": self._readyz})
+        self.capture = Capture()
+        self.metrics = Metrics(client_id_label=config.metrics_client_id_label,
+                               topic_label=config.metrics_topic_label,
+                               label_cap=config.metrics_label_cap, capture=self.capture,
+                               in_flight=lambda: self.proxy.in_flight(),
+                               traffic=lambda: self.proxy.traffic())
+        self.proxy = Proxy(config, [self.metrics, self.capture, *observers])
+        self.admin = AdminServer({
+            "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
+            "/capture": self._capture_status,
+            "/capture/start": {"POST": self._capture_start},
+            "/capture/stop": {"POST": self._capture_stop},
+        })
+
+    async def _metrics(self):
+        return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
+
+    async def _capture_status(self):
+        return _json(*capture_control.capture_status(self.capture))
+
+    async def _capture_start(self, body: bytes):
+        settings = capture_control.parse_json_body(body)
+        if isinstance(settings, tuple):                        # (400, error)
+            return _json(*settings)
+        return _json(*await asyncio.to_thread(
+            capture_control.start_capture, self.capture, settings, self.config.capture))
+
+    async def _capture_stop(self, body: bytes):
+        return _json(*await asyncio.to_thread(capture_control.stop_capture, self.capture))
 
     async def _healthz(self):
         return 200, "text/plain", b"ok\n"
@@ -46,6 +83,11 @@ class Runtime:
         return f"http://{host}:{port}"
 
     async def start(self) -> None:
+        if self.config.capture_autostart:
+            status, detail = await asyncio.to_thread(
+                capture_control.start_capture, self.capture, {}, self.config.capture)
+            if status != 200:
+                raise OSError(f"capture_autostart: {detail.get('error', detail)}")
         await self.proxy.start()
         if self.config.admin_listen is not None:
             await self.admin.start(*self.config.admin_listen)
@@ -53,6 +95,8 @@ class Runtime:
     async def stop(self) -> None:
         await self.proxy.stop()
         await self.admin.stop()
+        if self.capture.active:
+            await asyncio.to_thread(self.capture.stop)
 
     async def run_until_signalled(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully."""

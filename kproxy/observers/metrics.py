@@ -17,7 +17,7 @@ from typing import Iterable
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
                                PlatformCollector, ProcessCollector)
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import __version__
 from ..protocol import SCHEMA_SOURCES, api_name, error_name, schema
@@ -113,7 +113,10 @@ class Metrics:
     """The metrics observer. Call it with (connection info, events); scrape ``registry``."""
 
     def __init__(self, client_id_label: bool = False, topic_label: bool = False,
-                 label_cap: int = DEFAULT_LABEL_CAP, in_flight=None):
+                 label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None):
+        """``in_flight()`` and ``traffic()`` are read at scrape time (nothing on the hot path):
+        traffic returns cumulative byte totals keyed like ``TRAFFIC_COUNTERS``; ``capture``
+        is the capture observer whose counters are exported."""
         r = self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -184,14 +187,11 @@ class Metrics:
         self.connections_closed = Counter("kproxy_connections_closed_total",
                                           "Client connections closed, by reason",
                                           ["listener", "reason"], registry=r)
-        self.client_bytes_received = Counter("kproxy_client_received_bytes_total",
-                                             "Bytes received from clients", registry=r)
-        self.client_bytes_sent = Counter("kproxy_client_sent_bytes_total",
-                                         "Bytes sent to clients", registry=r)
-        self.upstream_bytes_received = Counter("kproxy_upstream_received_bytes_total",
-                                               "Bytes received from brokers", registry=r)
-        self.upstream_bytes_sent = Counter("kproxy_upstream_sent_bytes_total",
-                                           "Bytes sent to brokers", registry=r)
+        self._traffic = traffic or (lambda: {})
+        r.register(_TrafficCollector(lambda: self._traffic()))
+        self._capture = capture
+        if capture is not None:
+            r.register(_CaptureCollector(capture))
 
         self.client_id_label = BoundedLabel(label_cap) if client_id_label else None
         self.topic_label = BoundedLabel(label_cap) if topic_label else None
@@ -323,24 +323,18 @@ class Metrics:
 
     # ------------------------------------------------------------ connections
 
-    def connection_opened(self, listener: str) -> None:
+    def connection_opened(self, info) -> None:
+        self.connections_opened.labels(info.listener).inc()
+        self.connections_open.labels(info.listener).inc()
+
+    def connection_closed(self, info, reason: str = "", in_flight: int = 0) -> None:
+        self.connections_open.labels(info.listener).dec()
+        self.connections_closed.labels(info.listener, close_reason_label(reason)).inc()
+
+    def connection_refused(self, listener: str, reason: str) -> None:
+        """Accepted, then closed before it was proxied (upstream unreachable, limits, shutdown)."""
         self.connections_opened.labels(listener).inc()
-        self.connections_open.labels(listener).inc()
-
-    def connection_closed(self, listener: str, reason: str, opened: bool = True) -> None:
-        if opened:
-            self.connections_open.labels(listener).dec()
         self.connections_closed.labels(listener, close_reason_label(reason)).inc()
-
-    def bytes_moved(self, from_client: int, to_client: int, from_broker: int, to_broker: int) -> None:
-        if from_client:
-            self.client_bytes_received.inc(from_client)
-        if to_client:
-            self.client_bytes_sent.inc(to_client)
-        if from_broker:
-            self.upstream_bytes_received.inc(from_broker)
-        if to_broker:
-            self.upstream_bytes_sent.inc(to_broker)
 
 
 def _topic_name(topic) -> str:
@@ -349,6 +343,57 @@ def _topic_name(topic) -> str:
         return name
     topic_id = getattr(topic, "topic_id", None)
     return str(topic_id) if topic_id is not None else ""
+
+
+# name -> (help, key in the traffic() dict)
+TRAFFIC_COUNTERS = {
+    "kproxy_client_received_bytes": ("Bytes received from clients", "from_client"),
+    "kproxy_client_sent_bytes": ("Bytes sent to clients", "to_client"),
+    "kproxy_upstream_received_bytes": ("Bytes received from brokers", "from_broker"),
+    "kproxy_upstream_sent_bytes": ("Bytes sent to brokers", "to_broker"),
+}
+# capture counter -> (metric name, help)
+CAPTURE_COUNTERS = {
+    "enqueued": ("kproxy_capture_events_total", "Events accepted into the capture queue"),
+    "dropped": ("kproxy_capture_events_dropped_total", "Events dropped because the capture queue was full"),
+    "filtered": ("kproxy_capture_events_filtered_total", "Events left out by capture filters or sampling"),
+    "rows_written": ("kproxy_capture_rows_written_total", "Request/response rows written (JSONL/Parquet)"),
+    "packets_written": ("kproxy_capture_packets_written_total", "Packets written to pcapng"),
+    "bytes_written": ("kproxy_capture_written_bytes_total", "Bytes written to capture files"),
+    "write_errors": ("kproxy_capture_write_errors_total", "Capture write failures (each turns capture off)"),
+    "files_deleted": ("kproxy_capture_files_deleted_total", "Capture files deleted by the disk cap"),
+}
+
+
+class _TrafficCollector:
+    """Byte totals, summed from the live connections (plus closed ones) at scrape time."""
+
+    def __init__(self, read):
+        self.read = read
+
+    def collect(self):
+        totals = self.read()
+        for name, (help_text, key) in TRAFFIC_COUNTERS.items():
+            yield CounterMetricFamily(name, help_text, value=totals.get(key, 0))
+
+    def describe(self):
+        return [CounterMetricFamily(name, help_text) for name, (help_text, _) in TRAFFIC_COUNTERS.items()]
+
+
+class _CaptureCollector:
+    def __init__(self, capture):
+        self.capture = capture
+
+    def collect(self):
+        counters = self.capture.counters()
+        for key, (name, help_text) in CAPTURE_COUNTERS.items():
+            yield CounterMetricFamily(name.removesuffix("_total"), help_text, value=counters.get(key, 0))
+        yield GaugeMetricFamily("kproxy_capture_active", "1 while a capture is running",
+                                value=1 if self.capture.active else 0)
+
+    def describe(self):
+        return [CounterMetricFamily(n.removesuffix("_total"), h) for n, h in CAPTURE_COUNTERS.values()] + \
+            [GaugeMetricFamily("kproxy_capture_active", "1 while a capture is running")]
 
 
 class _InFlightCollector:

@@ -1,4 +1,4 @@
-"""The admin HTTP listener: liveness, readiness (and, later, metrics).
+"""The admin HTTP listener: liveness, readiness, metrics, capture control.
 
 A deliberately tiny HTTP/1.1 responder on asyncio streams: probes and
 scrapes need GET and a status line, nothing more, and it keeps the admin
@@ -16,9 +16,13 @@ log = logging.getLogger("kproxy.admin")
 REQUEST_LINE_LIMIT = 8192          # bytes; anything longer is not a probe
 READ_TIMEOUT_S = 5.0               # a client that sends nothing is dropped after this
 READINESS_TIMEOUT_S = 2.0          # upstream connect check for /readyz
+MAX_BODY_BYTES = 64 * 1024         # capture settings fit in far less; anything bigger is a mistake
 
-Route = Callable[[], Awaitable[tuple[int, str, bytes]]]    # -> (status, content type, body)
-REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+# GET: () -> (status, content type, body); POST: (request body) -> the same.
+Route = Callable[..., Awaitable[tuple[int, str, bytes]]]
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+           409: "Conflict", 413: "Content Too Large", 500: "Internal Server Error",
+           503: "Service Unavailable"}
 
 
 async def upstream_reachable(addresses) -> tuple[bool, str]:
@@ -56,24 +60,37 @@ class AdminServer:
             line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
             if len(line) > REQUEST_LINE_LIMIT:
                 return
-            while True:                                       # skip headers
+            length = 0
+            while True:                                       # headers: only the body length matters
                 header = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
                 if header in (b"\r\n", b"\n", b""):
                     break
+                name, _, value = header.decode("latin-1").partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value.strip() or 0)
             parts = line.decode("latin-1").split()
             method, path = (parts[0], parts[1].split("?")[0]) if len(parts) >= 2 else ("", "")
-            route = self.routes.get(path)
-            if route is None:
+            handlers = self.routes.get(path)
+            if handlers is not None and not isinstance(handlers, dict):
+                handlers = {"GET": handlers}                  # a bare route answers GET
+            if handlers is None:
                 status, ctype, body = 404, "text/plain", b"not found\n"
-            elif method not in ("GET", "HEAD"):
-                status, ctype, body = 405, "text/plain", b"GET only\n"
+            elif length > MAX_BODY_BYTES or length < 0:
+                status, ctype, body = 413, "text/plain", b"body too large\n"
+            elif (method if method != "HEAD" else "GET") not in handlers:
+                allowed = ", ".join(sorted(handlers))
+                status, ctype, body = 405, "text/plain", f"allowed: {allowed}\n".encode()
             else:
-                status, ctype, body = await route()
+                request_body = await asyncio.wait_for(reader.readexactly(length), READ_TIMEOUT_S) \
+                    if length else b""
+                handler = handlers[method if method != "HEAD" else "GET"]
+                status, ctype, body = await (handler(request_body) if method == "POST" else handler())
             head = (f"HTTP/1.1 {status} {REASONS.get(status, '')}\r\nContent-Type: {ctype}\r\n"
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
             writer.write(head + (body if method != "HEAD" else b""))
             await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError, UnicodeDecodeError):
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError,
+                UnicodeDecodeError, ValueError):
             pass
         finally:
             writer.close()

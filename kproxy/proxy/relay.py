@@ -76,6 +76,7 @@ class Relay:
     task: asyncio.Task | None = None
     bytes_from_client: int = 0
     bytes_from_broker: int = 0
+    bytes_to_client: int = 0           # differs from bytes_from_broker where responses were rewritten
     close_reason: str | None = None
     writers: list = field(default_factory=list)
 
@@ -99,6 +100,22 @@ class Relay:
 
 
 _failed_observers: set[int] = set()
+
+
+def notify_hook(observers: list, hook: str, *args, **kwargs) -> None:
+    """Call an optional lifecycle hook (``connection_opened``, ``connection_closed``,
+    ``connection_refused``) on every observer that has it; failures isolated like events."""
+    for observer in observers:
+        method = getattr(observer, hook, None)
+        if method is None:
+            continue
+        try:
+            method(*args, **kwargs)
+        except Exception:                        # noqa: BLE001 - isolation is the point
+            if id(observer) not in _failed_observers:
+                _failed_observers.add(id(observer))
+                log.exception("observer %r failed in %s; its further failures are not logged",
+                              observer, hook)
 
 
 def _notify(observers: list[Observer], info: ConnectionInfo, events: list[Event]) -> None:
@@ -149,8 +166,10 @@ async def _broker_to_client(relay: Relay, reader, writer, observers) -> str:
             return f"rewrite failed, closing rather than leak an address: {exc}"
         if len(out) == 1:
             writer.write(out[0])
+            relay.bytes_to_client += len(out[0])
         elif out:
             writer.writelines(out)
+            relay.bytes_to_client += sum(len(chunk) for chunk in out)
         if events:
             _notify(observers, relay.info, events)
         await writer.drain()
@@ -182,6 +201,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_wri
     except ConnectionError as exc:
         log.warning("conn client=%s:%d listener=%s upstream unreachable: %s",
                     *peer, policy.name, exc)
+        notify_hook(policy.observers, "connection_refused", policy.name, "upstream unreachable")
         client_writer.close()
         return
     except asyncio.CancelledError:
@@ -199,6 +219,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_wri
         w.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
     log.info("conn=%d open client=%s:%d listener=%s upstream=%s:%d",
              relay.info.id, *peer, policy.name, *upstream)
+    notify_hook(policy.observers, "connection_opened", relay.info)
     pumps = [asyncio.create_task(_client_to_broker(relay, client_reader, broker_writer, policy.observers)),
              asyncio.create_task(_broker_to_client(relay, broker_reader, client_writer, policy.observers))]
     reason = "cancelled"
@@ -214,10 +235,13 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_wri
             task.cancel()
         for w in relay.writers:
             w.close()
+        reason = relay.close_reason or reason
         log.info("conn=%d close client=%s:%d reason=%s bytes_client_to_broker=%d "
-                 "bytes_broker_to_client=%d in_flight=%d",
-                 relay.info.id, *peer, relay.close_reason or reason, relay.bytes_from_client,
-                 relay.bytes_from_broker, relay.in_flight)
+                 "bytes_broker_to_client=%d bytes_to_client=%d in_flight=%d",
+                 relay.info.id, *peer, reason, relay.bytes_from_client,
+                 relay.bytes_from_broker, relay.bytes_to_client, relay.in_flight)
+        notify_hook(policy.observers, "connection_closed", relay.info, reason=reason,
+                    in_flight=relay.in_flight)
 
 
 async def start_relay(listen: HostPort, upstream: HostPort, observers: Iterable[Observer] = (),

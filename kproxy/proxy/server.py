@@ -25,7 +25,7 @@ from typing import Iterable
 from ..config import Config
 from ..protocol import DecodeError, encode_response
 from ..protocol.connection import ResponseReceived
-from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, run_relay
+from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay
 from .rewrite import cap_api_versions, carries_addresses, node_addresses, rewrite_addresses
 from .tls import client_context, server_context
 
@@ -62,6 +62,7 @@ class Proxy:
         self._opening: set[str] = set()
         self._decode_failures_logged: set[tuple] = set()
         self.rejected_connections = 0
+        self._closed_traffic = {"from_client": 0, "to_broker": 0, "from_broker": 0, "to_client": 0}
         self.started = False
         self.stopping = False
 
@@ -160,6 +161,7 @@ class Proxy:
     def _handler(self, policy: RelayPolicy):
         async def handle(reader, writer):
             if self.stopping:                # accepted just before the listener closed
+                notify_hook(self.observers, "connection_refused", policy.name, "shutting down")
                 writer.close()
                 return
             if len(self.relays) >= self.config.max_connections:
@@ -167,6 +169,7 @@ class Proxy:
                 peer = writer.get_extra_info("peername")
                 log.warning("refusing connection from %s on %s: max_connections (%d) reached",
                             peer, policy.name, self.config.max_connections)
+                notify_hook(self.observers, "connection_refused", policy.name, "max_connections")
                 writer.close()
                 return
             relay = Relay(task=asyncio.current_task())
@@ -175,6 +178,11 @@ class Proxy:
                 await run_relay(relay, policy, reader, writer)
             finally:
                 self.relays.discard(relay)
+                closed = self._closed_traffic
+                closed["from_client"] += relay.bytes_from_client
+                closed["to_broker"] += relay.bytes_from_client
+                closed["from_broker"] += relay.bytes_from_broker
+                closed["to_client"] += relay.bytes_to_client
         return handle
 
     async def _serve(self, name: str, policy: RelayPolicy, sock: socket.socket) -> None:
@@ -215,6 +223,19 @@ class Proxy:
             if node_id not in present:
                 log.info("node %d left the cluster; closing its listener", node_id)
                 self.listeners.pop(name).close()
+
+    def traffic(self) -> dict[str, int]:
+        """Cumulative bytes each way (closed connections plus live ones), for metrics."""
+        totals = dict(self._closed_traffic)
+        for relay in list(self.relays):
+            totals["from_client"] += relay.bytes_from_client
+            totals["to_broker"] += relay.bytes_from_client       # forwarded unchanged
+            totals["from_broker"] += relay.bytes_from_broker
+            totals["to_client"] += relay.bytes_to_client
+        return totals
+
+    def in_flight(self) -> int:
+        return sum(relay.in_flight for relay in list(self.relays))
 
     @property
     def bootstrap_address(self) -> HostPort:

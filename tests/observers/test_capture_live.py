@@ -36,25 +36,19 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def test_capture_real_client_traffic(kafka_cluster, tmp_path, monkeypatch):
+def test_capture_real_client_traffic(kafka_cluster, tmp_path):
     from kafka import KafkaConsumer, KafkaProducer
 
-    from kproxy.proxy import server
-
     capture = Capture()
-    # The close hook, wired the way the relay is expected to call it.
-    original_run_relay = server.run_relay
-    closed = []
+    closed = []                   # (connection id, requests in flight): what the relay's close hook said
 
-    async def run_relay(relay, policy, reader, writer):
-        try:
-            await original_run_relay(relay, policy, reader, writer)
-        finally:
-            if relay.info is not None:
-                closed.append((relay.info.id, relay.in_flight))
-                capture.connection_closed(relay.info, in_flight=relay.in_flight)
+    class CloseWatcher:
+        def __call__(self, info, events):
+            pass
 
-    monkeypatch.setattr(server, "run_relay", run_relay)
+        def connection_closed(self, info, reason=None, in_flight=None):
+            closed.append((info.id, in_flight))
+
     capture.start(CaptureConfig(directory=str(tmp_path), formats=("jsonl", "parquet", "pcapng")))
     pairs = []                    # what the proxy itself saw: (connection, correlation id, api key, outcome)
     requests, responses = [], []  # (client port, correlation id, api key), answered or not
@@ -72,7 +66,7 @@ def test_capture_real_client_traffic(kafka_cluster, tmp_path, monkeypatch):
     nodes = kafka_cluster.nodes
     ports = free_ports(len(nodes))
     topic = f"cap-{uuid.uuid4().hex[:8]}"
-    with ProxyThread(observers=[record, capture], upstream=kafka_cluster.bootstrap_servers,
+    with ProxyThread(observers=[record, capture, CloseWatcher()], upstream=kafka_cluster.bootstrap_servers,
                      broker_port_rule="map",
                      broker_port_map={n.node_id: p for n, p in zip(nodes, ports)}) as proxy:
         common = dict(bootstrap_servers=proxy.bootstrap, api_version=(2, 5, 0))

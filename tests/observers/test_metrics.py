@@ -108,9 +108,11 @@ def test_client_id_label_is_opt_in_and_capped():
 
 
 def test_exposition_follows_naming_rules():
-    m = Metrics()
-    m.connection_opened("bootstrap")
-    m.connection_closed("bootstrap", "client closed")
+    from types import SimpleNamespace
+    m = Metrics(traffic=lambda: {"from_client": 10, "to_client": 20})
+    info = SimpleNamespace(listener="bootstrap")
+    m.connection_opened(info)
+    m.connection_closed(info, reason="client closed", in_flight=0)
     text = generate_latest(m.registry).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     ours = [f for name, f in families.items() if name.startswith("kproxy_")]
@@ -121,6 +123,8 @@ def test_exposition_follows_naming_rules():
         assert "milliseconds" not in family.name and "_ms" not in family.name
     assert 'kproxy_connections_closed_total{listener="bootstrap",reason="client_closed"} 1.0' in text
     assert "kproxy_build_info{" in text and "process_cpu_seconds_total" in text
+    assert "kproxy_client_received_bytes_total 10.0" in text and "kproxy_client_sent_bytes_total 20.0" in text
+    assert 'kproxy_connections_open{listener="bootstrap"} 0.0' in text
 
 
 def test_close_reasons_fold_into_a_fixed_set():

@@ -75,7 +75,7 @@ class Capture:
             return
         session.observe(info if info is not None else _UNKNOWN, events)
 
-    def connection_closed(self, info, in_flight: int | None = None) -> None:
+    def connection_closed(self, info, reason: str | None = None, in_flight: int | None = None) -> None:
         """Hook: the proxied connection ``info`` closed. ``in_flight``: requests the tracker
         still had unanswered (``Relay.in_flight``), so exactly those get "unanswered" rows."""
         session = self._session
