@@ -24,7 +24,8 @@ from ..protocol import SCHEMA_SOURCES, api_name, error_name, schema
 from ..protocol.connection import (MalformedFrame, RequestReceived, ResponseReceived,
                                    SaslTokenPassed)
 from ..protocol import DecodeError
-from ..protocol.records import iter_batches
+from ..protocol.records import CODEC_NAMES, iter_batches
+from ..protocol.walk import error_codes
 
 # Request-to-response time: sub-millisecond local answers up to Fetch/JoinGroup waits.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -70,23 +71,6 @@ class BoundedLabel:
             self.seen.add(value)
             return value
         return "other"
-
-
-def _errors(value, found: list[int]) -> None:
-    """Every non-zero ``error_code`` in a decoded body, at any depth."""
-    fields = getattr(value, "__dict__", None)
-    if fields is None:
-        return
-    for name, item in fields.items():
-        if name == "error_code" or name.endswith("_error_code"):
-            if item:
-                found.append(item)
-        elif type(item) is list:
-            if item and hasattr(item[0], "__dict__"):
-                for element in item:
-                    _errors(element, found)
-        elif hasattr(item, "__dict__"):
-            _errors(item, found)
 
 
 class _ApiSeries:
@@ -212,9 +196,9 @@ class Metrics:
             self._series(key)
         for direction in ("request", "response"):
             self.decode_failures.labels(direction)
-        for codec in ("none", "gzip", "snappy", "lz4", "zstd"):
-            self.produce_batches.labels(codec)
-            self.fetch_batches.labels(codec)
+        self._codec_children = {     # label children by codec, looked up once
+            id(counter): {codec: counter.labels(codec) for codec in CODEC_NAMES}
+            for counter in (self.produce_batches, self.fetch_batches)}
 
     def _series(self, api_key: int) -> _ApiSeries:
         series = self._apis.get(api_key)
@@ -288,9 +272,7 @@ class Metrics:
             series.throttle.observe(throttle_ms / 1000.0)
             if throttle_ms > 0:
                 series.throttled.inc()
-        codes: list[int] = []
-        _errors(body, codes)
-        for code in codes:
+        for code in error_codes("response", event.api_key, response.body_version or event.api_version, body):
             self.errors.labels(series.name, error_name(code)).inc()
 
     def _fetched(self, body) -> int:
@@ -305,20 +287,21 @@ class Metrics:
         self.fetched_bytes.inc(total)
         return total
 
-    @staticmethod
-    def _count_batches(records, batches: Counter, record_counter: Counter) -> int:
+    def _count_batches(self, records, batches: Counter, record_counter: Counter) -> int:
         """Batch headers only: no decompression. Returns the bytes of complete batches."""
         if not records:
             return 0
-        nbytes = 0
+        nbytes = count = 0
+        children = self._codec_children[id(batches)]
         try:
             for batch in iter_batches(records):
                 nbytes += batch.size_bytes
-                batches.labels(batch.compression).inc()
-                if batch.record_count:
-                    record_counter.inc(batch.record_count)
+                children[batch.compression].inc()
+                count += batch.record_count or 0
         except DecodeError:
             pass        # garbage records are the broker's business; counted what was readable
+        if count:
+            record_counter.inc(count)
         return nbytes
 
     # ------------------------------------------------------------ connections
