@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.request
 import uuid
@@ -11,15 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.proxy.harness import ProxyThread
+from tests.proxy.harness import ProxyThread, free_port
 
 pytestmark = pytest.mark.broker
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(url: str, body: dict | None = None) -> tuple[int, dict]:

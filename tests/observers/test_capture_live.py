@@ -7,7 +7,6 @@ keys and (for the versions it dissects) topic names.
 
 from __future__ import annotations
 
-import socket
 import uuid
 
 import pytest
@@ -16,7 +15,7 @@ from kproxy.observers.capture import Capture, CaptureConfig
 from kproxy.protocol.connection import RequestReceived, ResponseReceived
 from tests.observers.test_capture import files, read_jsonl, read_parquet
 from tests.observers.test_capture_pcapng import tshark
-from tests.proxy.harness import ProxyThread
+from tests.proxy.harness import ProxyThread, free_ports
 
 pytestmark = [
     pytest.mark.broker,
@@ -24,16 +23,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:(read|open)_text is deprecated:DeprecationWarning"),
 ]
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def test_capture_real_client_traffic(kafka_cluster, tmp_path):

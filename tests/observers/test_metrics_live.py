@@ -19,17 +19,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kproxy.embedded.kafka import run_tool
-from tests.proxy.harness import ProxyThread
+from tests.proxy.harness import ProxyThread, free_port
 
 pytestmark = pytest.mark.broker
 
 SETTLE_TIMEOUT_S = 30.0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(proxy) -> dict[tuple[str, tuple], float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from typing import Iterable
 
@@ -12,6 +13,22 @@ from kproxy import config as config_module
 from kproxy.runtime import Runtime
 
 START_TIMEOUT_S = 10.0
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct loopback ports free right now (all bound at once, so no repeats)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
 
 
 class ProxyThread:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import struct
 import threading
 import time
@@ -41,7 +40,7 @@ import pytest
 from kproxy.embedded import KafkaCluster, TansuBroker, run_tool
 from kproxy.protocol.connection import Connection, MalformedFrame, RequestReceived, ResponseReceived
 from kproxy.protocol.records import iter_batches
-from tests.proxy.harness import ProxyThread
+from tests.proxy.harness import ProxyThread, free_ports
 
 pytestmark = pytest.mark.broker
 
@@ -59,16 +58,6 @@ CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((LOOPBACK, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_until(condition: Callable[[], object], what: str, timeout: float = DEADLINE_S, interval: float = 0.2):

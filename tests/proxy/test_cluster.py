@@ -37,7 +37,8 @@ from tests.proxy.certs import PKI, make_pki, openssl_available
 from tests.proxy.harness import ProxyThread
 from tests.proxy.test_faults import (METADATA, RawClient, api_versions_ok, framed, http_status,
                                      kproxy_log, wait_for)  # noqa: F401 - kproxy_log: a fixture
-from tests.proxy.test_proxy_e2e import client_bytes, free_ports  # noqa: F401 - a fixture
+from tests.proxy.harness import free_ports
+from tests.proxy.test_proxy_e2e import client_bytes  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 

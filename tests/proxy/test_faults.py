@@ -32,7 +32,7 @@ from kproxy.protocol import Request, Struct, decode_response, encode_request, ne
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy.relay import READ_CHUNK, WRITE_HIGH_WATER
 from tests.proxy.harness import ProxyThread
-from tests.proxy.test_proxy_e2e import free_ports
+from tests.proxy.harness import free_ports
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 

@@ -7,7 +7,6 @@ broker's address.
 
 from __future__ import annotations
 
-import socket
 import struct
 import time
 import urllib.request
@@ -16,20 +15,10 @@ import uuid
 import pytest
 
 from kproxy.protocol.connection import Connection, ResponseReceived
-from tests.proxy.harness import ProxyThread
+from tests.proxy.harness import ProxyThread, free_ports
 
 pytestmark = pytest.mark.broker
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture
