@@ -24,7 +24,7 @@ from typing import Iterable
 
 from ..config import Config
 from ..protocol import DecodeError, encode_response
-from ..protocol.connection import ResponseReceived
+from ..protocol.connection import RequestReceived, ResponseReceived
 from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay
 from .rewrite import cap_api_versions, carries_addresses, node_addresses, rewrite_addresses
 from .tls import client_context, server_context
@@ -43,6 +43,9 @@ CONTROLLER_ADDRESS_KEYS = frozenset({52, 53, 54, 55, 59, 82})
 LISTEN_BACKLOG = 1024             # accept queue per listener; clients burst on rebalances
 IDLE_CHECK_INTERVAL_S = 5.0       # how often idle connections are looked for
 SHUTDOWN_POLL_S = 0.05            # how often shutdown checks for in-flight requests
+# Distinct (direction, api, version) kinds logged; a client sending random api keys must
+# not grow the set (or the log) without bound. Metrics still count every failure.
+MAX_LOGGED_DECODE_KINDS = 256
 
 
 class Proxy:
@@ -304,11 +307,19 @@ class Proxy:
     def _log_decode_failures(self, info, events) -> None:
         """Decode failures are logged once per (direction, api, version), not per frame."""
         for event in events:
-            error = getattr(event, "decode_error", None) if isinstance(event, ResponseReceived) else None
+            if isinstance(event, ResponseReceived):
+                direction, name = "response", event.request_event.api_name
+            elif isinstance(event, RequestReceived):
+                direction, name = "request", event.api_name
+            else:
+                continue
+            error = event.decode_error
             if error is None:
                 continue
-            key = ("response", event.api_key, event.api_version)
-            if key not in self._decode_failures_logged:
+            key = (direction, event.api_key, event.api_version)
+            if len(self._decode_failures_logged) < MAX_LOGGED_DECODE_KINDS and \
+                    key not in self._decode_failures_logged:
                 self._decode_failures_logged.add(key)
-                log.warning("cannot decode %s v%d response (further ones not logged): %s",
-                            event.request_event.api_name, event.api_version, error)
+                log.warning("cannot decode %s v%d %s (further ones not logged; see "
+                            "kproxy_decode_failures_total): %s", name, event.api_version,
+                            direction, error)

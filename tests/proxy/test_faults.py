@@ -655,3 +655,20 @@ def test_backpressure_client_that_stops_reading(start_proxy, big_topic, topic, k
 
     stuck.abort()
     wait_for(lambda: stuck_state() is None, CLOSE_TIMEOUT_S, "kproxy to drop the stuck client")
+
+
+def test_decode_failures_are_logged_once_per_kind(caplog):
+    """A request kproxy cannot decode is forwarded, counted, and logged once, not per frame."""
+    from kproxy.config import build
+    from kproxy.protocol.connection import Connection
+    from kproxy.proxy.server import Proxy
+
+    proxy = Proxy(build({"upstream": "127.0.0.1:1"}))
+    conn = Connection()
+    bad = struct.pack(">hhih", 3, 12, 1, 5) + b"ab"          # Metadata v12, client_id cut short
+    frame = struct.pack(">i", len(bad)) + bad
+    with caplog.at_level(logging.WARNING, logger="kproxy.server"):
+        for _ in range(3):
+            proxy._log_decode_failures(None, conn.receive_client(frame))
+    lines = [r.getMessage() for r in caplog.records if "cannot decode" in r.getMessage()]
+    assert len(lines) == 1 and "Metadata v12 request" in lines[0]
