@@ -17,6 +17,7 @@ import argparse
 import json
 import socket
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -101,7 +102,7 @@ def consume(bootstrap: str, topic: str, records: int) -> float:
     return elapsed
 
 
-def run(broker: str, records: int, size: int, rounds: int) -> dict:
+def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | None = None) -> dict:
     if broker == "tansu":
         from kproxy.embedded.tansu import TansuBroker
         cm = TansuBroker()
@@ -110,21 +111,55 @@ def run(broker: str, records: int, size: int, rounds: int) -> dict:
         cm = KafkaCluster(1)
     mb = records * size / 1e6
     results = {"broker": broker, "records": records, "record_bytes": size, "rounds": rounds}
+    labels = ["direct", "kproxy"] + (["capture"] if capture_dir else [])
     with cm as b:
         upstream = b.bootstrap_servers
         with ProxyInThread(upstream) as proxy:
-            # Alternate direct and kproxy rounds so JVM warm-up and machine noise hit both;
-            # report each one's best round.
+            # Alternate the paths so JVM warm-up and machine noise hit all of them; report
+            # each one's best round.
             for _ in range(rounds):
-                for label, bootstrap in (("direct", upstream), ("kproxy", proxy.bootstrap)):
+                for label in labels:
+                    bootstrap = upstream if label == "direct" else proxy.bootstrap
+                    if label == "capture":
+                        start_overloaded_capture(proxy.runtime.capture, capture_dir)
                     topic = f"bench-{label}-{uuid.uuid4().hex[:6]}"
                     for op, seconds in (("produce", produce(bootstrap, topic, records, size)),
                                         ("consume", consume(bootstrap, topic, records))):
                         key = f"{label}_{op}_mb_s"
                         results[key] = max(results.get(key, 0.0), mb / seconds)
+                    if label == "capture":
+                        counters = proxy.runtime.capture.counters()
+                        proxy.runtime.capture.stop()
+                        for name in ("enqueued", "dropped", "rows_written"):
+                            results[f"capture_{name}"] = results.get(f"capture_{name}", 0) + counters[name]
     for op in ("produce", "consume"):
         results[f"{op}_ratio"] = results[f"kproxy_{op}_mb_s"] / results[f"direct_{op}_mb_s"]
+        if capture_dir:
+            results[f"capture_{op}_ratio"] = results[f"capture_{op}_mb_s"] / results[f"kproxy_{op}_mb_s"]
     return results
+
+
+SLOW_DISK_DELAY_S = 0.002     # per write: the writer manages ~500 rows/s, far below the traffic
+
+
+def start_overloaded_capture(capture, directory: str) -> None:
+    """Capture everything to a simulated slow disk, so the writer cannot keep up.
+
+    The delay sleeps (releasing the GIL, like a blocked write), so what is measured
+    is the relay's side of the bargain: filter, enqueue, drop and count, never wait.
+    """
+    from kproxy.observers.capture import CaptureConfig
+    from kproxy.observers.capture.files import RotatingSink
+
+    if not getattr(RotatingSink, "_bench_slowed", False):
+        original = RotatingSink.before_write
+
+        def slow_before_write(self, nbytes):
+            time.sleep(SLOW_DISK_DELAY_S)
+            return original(self, nbytes)
+        RotatingSink.before_write = slow_before_write
+        RotatingSink._bench_slowed = True
+    capture.start(CaptureConfig(directory=directory, formats=("jsonl", "parquet", "pcapng")))
 
 
 def main() -> int:
@@ -133,9 +168,13 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=DEFAULT_RECORDS)
     parser.add_argument("--size", type=int, default=DEFAULT_SIZE, help="record value bytes")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; best is reported")
+    parser.add_argument("--capture-overload", action="store_true",
+                        help="also run kproxy with capture on and a writer that cannot keep up")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    r = run(args.broker, args.records, args.size, args.rounds)
+    with tempfile.TemporaryDirectory() as tmp:
+        r = run(args.broker, args.records, args.size, args.rounds,
+                capture_dir=tmp if args.capture_overload else None)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -144,6 +183,13 @@ def main() -> int:
     print(f"{'':10}{'direct MB/s':>14}{'kproxy MB/s':>14}{'ratio':>8}")
     for op in ("produce", "consume"):
         print(f"{op:10}{r[f'direct_{op}_mb_s']:14.1f}{r[f'kproxy_{op}_mb_s']:14.1f}{r[f'{op}_ratio']:8.2f}")
+    if args.capture_overload:
+        print(f"\nwith capture on and a writer that cannot keep up (slow disk, {SLOW_DISK_DELAY_S * 1000:g} ms/write):")
+        print(f"{'':10}{'capture MB/s':>14}{'vs capture off':>16}")
+        for op in ("produce", "consume"):
+            print(f"{op:10}{r[f'capture_{op}_mb_s']:14.1f}{r[f'capture_{op}_ratio']:16.2f}")
+        print(f"capture events enqueued {r['capture_enqueued']}, dropped {r['capture_dropped']}, "
+              f"rows written {r['capture_rows_written']}")
     return 0
 
 

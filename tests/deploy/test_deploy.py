@@ -1041,3 +1041,29 @@ def test_admin_listener_serves_the_scrape_path():
     if "/metrics" not in routes:
         pytest.skip("the admin listener does not serve /metrics yet (metrics wiring pending); "
                     "scrape configs, annotations and the ServiceMonitor all point there")
+
+
+def test_every_metric_the_dashboard_and_alerts_use_is_served_by_a_running_kproxy():
+    """Scrape a real kproxy's /metrics (HELP/TYPE lines name every family, with or without
+    samples yet) and find each name the dashboard and the alert rules query."""
+    import urllib.request
+
+    from tests.proxy.harness import ProxyThread
+
+    used = set()
+    for _, expr, _ in dashboard_queries():
+        used |= set(METRIC_NAME.findall(expr))
+    for rule in alert_rules():
+        used |= set(METRIC_NAME.findall(rule["expr"]))
+    assert len(used) >= 20
+    with ProxyThread(upstream="127.0.0.1:1", broker_port_base=40000) as proxy:
+        with urllib.request.urlopen(proxy.admin_url + "/metrics", timeout=10) as r:
+            exposition = r.read().decode()
+    families = {line.split()[2] for line in exposition.splitlines() if line.startswith("# TYPE ")}
+    series = {line.split("{")[0].split()[0] for line in exposition.splitlines()
+              if line and not line.startswith("#")}
+    suffixes = ("_bucket", "_sum", "_count", "_total", "_created")
+    missing = sorted(name for name in used
+                     if name not in series and name not in families
+                     and not any(name.endswith(s) and name[: -len(s)] in families for s in suffixes))
+    assert not missing, f"used by dashboard/alerts but not served: {missing}"
