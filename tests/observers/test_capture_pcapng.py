@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from kproxy.observers.capture import Capture, CaptureConfig
+from kproxy.observers.capture import pcapng
 from kproxy.observers.capture.pcapng import MAX_SEGMENT, checksum
 from kproxy.protocol import Struct
 from tests.observers.test_capture import (Link, files, metadata_response, pcap_packets, pcap_streams,
@@ -16,6 +17,12 @@ from tests.observers.test_capture import (Link, files, metadata_response, pcap_p
 
 BROKER_PORT = 19092          # not 9092: tshark must be told (-d) that this port speaks Kafka
 SECRET = b"RECORD-PAYLOAD-"
+
+
+@pytest.fixture(autouse=True)
+def tcp_checksums(monkeypatch):
+    """Off by default (they cost the relay GIL time); on here, where their correctness is checked."""
+    monkeypatch.setattr(pcapng, "TCP_CHECKSUMS", True)
 
 
 def tshark(path, *fields, display="kafka", decode_port=BROKER_PORT, options=()):
