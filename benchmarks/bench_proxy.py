@@ -102,7 +102,8 @@ def consume(bootstrap: str, topic: str, records: int) -> float:
     return elapsed
 
 
-def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | None = None) -> dict:
+def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | None = None,
+        capture_formats: tuple[str, ...] = ("jsonl",)) -> dict:
     if broker == "tansu":
         from kproxy.embedded.tansu import TansuBroker
         cm = TansuBroker()
@@ -121,7 +122,7 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
                 for label in labels:
                     bootstrap = upstream if label == "direct" else proxy.bootstrap
                     if label == "capture":
-                        start_overloaded_capture(proxy.runtime.capture, capture_dir)
+                        start_overloaded_capture(proxy.runtime.capture, capture_dir, capture_formats)
                     topic = f"bench-{label}-{uuid.uuid4().hex[:6]}"
                     for op, seconds in (("produce", produce(bootstrap, topic, records, size)),
                                         ("consume", consume(bootstrap, topic, records))):
@@ -142,7 +143,7 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
 SLOW_DISK_DELAY_S = 0.002     # per write: the writer manages ~500 rows/s, far below the traffic
 
 
-def start_overloaded_capture(capture, directory: str) -> None:
+def start_overloaded_capture(capture, directory: str, formats: tuple[str, ...]) -> None:
     """Capture everything to a simulated slow disk, so the writer cannot keep up.
 
     The delay sleeps (releasing the GIL, like a blocked write), so what is measured
@@ -159,7 +160,7 @@ def start_overloaded_capture(capture, directory: str) -> None:
             return original(self, nbytes)
         RotatingSink.before_write = slow_before_write
         RotatingSink._bench_slowed = True
-    capture.start(CaptureConfig(directory=directory, formats=("jsonl", "parquet", "pcapng")))
+    capture.start(CaptureConfig(directory=directory, formats=formats))
 
 
 def main() -> int:
@@ -167,14 +168,16 @@ def main() -> int:
     parser.add_argument("--broker", choices=("kafka", "tansu"), default="kafka")
     parser.add_argument("--records", type=int, default=DEFAULT_RECORDS)
     parser.add_argument("--size", type=int, default=DEFAULT_SIZE, help="record value bytes")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; best is reported")
-    parser.add_argument("--capture-overload", action="store_true",
-                        help="also run kproxy with capture on and a writer that cannot keep up")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds; best is reported")
+    parser.add_argument("--capture-overload", metavar="FORMATS", nargs="?", const="jsonl",
+                        help="also run kproxy with capture on (these formats; default jsonl, the "
+                             "capture default) and a writer that cannot keep up")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        formats = tuple(args.capture_overload.split(",")) if args.capture_overload else ()
         r = run(args.broker, args.records, args.size, args.rounds,
-                capture_dir=tmp if args.capture_overload else None)
+                capture_dir=tmp if formats else None, capture_formats=formats)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -184,7 +187,8 @@ def main() -> int:
     for op in ("produce", "consume"):
         print(f"{op:10}{r[f'direct_{op}_mb_s']:14.1f}{r[f'kproxy_{op}_mb_s']:14.1f}{r[f'{op}_ratio']:8.2f}")
     if args.capture_overload:
-        print(f"\nwith capture on and a writer that cannot keep up (slow disk, {SLOW_DISK_DELAY_S * 1000:g} ms/write):")
+        print(f"\nwith capture on ({args.capture_overload}) and a writer that cannot keep up "
+              f"(slow disk, {SLOW_DISK_DELAY_S * 1000:g} ms/write):")
         print(f"{'':10}{'capture MB/s':>14}{'vs capture off':>16}")
         for op in ("produce", "consume"):
             print(f"{op:10}{r[f'capture_{op}_mb_s']:14.1f}{r[f'capture_{op}_ratio']:16.2f}")
