@@ -16,6 +16,7 @@ from .protocol.connection import ResponseReceived
 DEMO_TOPIC = "kproxy-demo"
 DEMO_BATCH = 20               # messages produced (and consumed) per traffic round
 DEMO_ROUND_PAUSE_S = 3.0      # slow enough to read the decoded lines as they scroll
+DEMO_CLIENT_CLOSE_S = 15.0    # a consumer's final commit and leave-group fit well within this
 
 
 def _free_port() -> int:
@@ -106,17 +107,19 @@ async def _demo(args) -> int:
               f"-d '{{\"directory\": \"/tmp/kproxy-capture\"}}'   (then kproxy capture stats /tmp/kproxy-capture)\n"
               f"Ctrl-C stops the demo and the broker.\n", flush=True)
         stop = threading.Event()
-        traffic = asyncio.create_task(asyncio.to_thread(_demo_traffic, f"127.0.0.1:{listen_port}", stop))
+        traffic = threading.Thread(target=_demo_traffic, args=(f"127.0.0.1:{listen_port}", stop),
+                                   name="demo-traffic", daemon=True)
+        traffic.start()
         try:
-            if args.duration:
-                await asyncio.wait_for(asyncio.shield(traffic), args.duration)
-            else:
-                await traffic
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            pass
+            deadline = asyncio.get_running_loop().time() + args.duration if args.duration else None
+            while traffic.is_alive() and (deadline is None or asyncio.get_running_loop().time() < deadline):
+                await asyncio.sleep(0.2)
+        except asyncio.CancelledError:            # Ctrl-C
+            print("\nstopping: clients first, then kproxy, then the broker ...", flush=True)
         finally:
+            # Clients close (and commit) while kproxy and the broker are still up.
             stop.set()
-            await asyncio.wait({traffic}, timeout=15)
+            await asyncio.to_thread(traffic.join, DEMO_CLIENT_CLOSE_S)
             await runtime.stop()
     finally:
         await asyncio.to_thread(cluster.stop)
