@@ -1,3 +1,19 @@
-"""kproxy: a transparent, protocol-decoding Kafka TCP proxy."""
+"""kproxy: a transparent, protocol-decoding Kafka TCP proxy.
+
+Layers, each knowing only the ones below it:
+
+- ``kproxy.protocol``: the sans-I/O codec. Bytes in, decoded requests,
+  responses and connection events out; no sockets, no asyncio. Its schema is
+  generated from Kafka's own message definitions (``tools/generate_schema.py``).
+- ``kproxy.proxy``: the asyncio I/O layer, the only code that owns sockets.
+  ``server`` runs listeners and the broker directory, ``relay`` pumps one
+  connection's bytes (forwarding first), ``rewrite`` replaces broker
+  addresses in the responses that carry them.
+- ``kproxy.observers``: fed decoded events after the bytes are forwarded:
+  ``metrics`` (Prometheus) and ``capture`` (JSONL, Parquet, pcapng).
+- ``kproxy.config`` (one frozen config), ``kproxy.runtime`` (wiring, admin
+  listener, shutdown), ``kproxy.cli`` (``kproxy run|demo|capture``),
+  ``kproxy.embedded`` (real brokers on loopback for the demo and tests).
+"""
 
 __version__ = "0.1.0"
