@@ -118,8 +118,10 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
         with ProxyInThread(upstream) as proxy:
             # Alternate the paths so JVM warm-up and machine noise hit all of them; report
             # each one's best round.
-            for _ in range(rounds):
-                for label in labels:
+            for round_no in range(rounds):
+                # Rotate the order too: whichever path runs right after two others have
+                # written 50 MB each meets a busier broker (GC, log flushes).
+                for label in labels[round_no % len(labels):] + labels[:round_no % len(labels)]:
                     bootstrap = upstream if label == "direct" else proxy.bootstrap
                     if label == "capture":
                         start_overloaded_capture(proxy.runtime.capture, capture_dir, capture_formats)
