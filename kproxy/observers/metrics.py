@@ -194,8 +194,8 @@ class Metrics:
         self._apis: dict[int, _ApiSeries] = {}
         for key in schema.API_NAMES:                 # known label sets exported as zeros
             self._series(key)
-        for direction in ("request", "response"):
-            self.decode_failures.labels(direction)
+        self._decode_failures = {d: self.decode_failures.labels(d) for d in ("request", "response")}
+        self._versions: dict[tuple[int, int], object] = {}   # (api key, version) -> child
         self._codec_children = {     # label children by codec, looked up once
             id(counter): {codec: counter.labels(codec) for codec in CODEC_NAMES}
             for counter in (self.produce_batches, self.fetch_batches)}
@@ -220,7 +220,7 @@ class Metrics:
             elif isinstance(event, SaslTokenPassed):
                 self.sasl_tokens.labels(event.direction).inc()
             elif isinstance(event, MalformedFrame):
-                self.decode_failures.labels("request" if event.direction == "client" else "response").inc()
+                self._decode_failures["request" if event.direction == "client" else "response"].inc()
 
     def _request(self, event: RequestReceived) -> None:
         series = self._series(event.api_key)
@@ -228,10 +228,14 @@ class Metrics:
         series.request_size.observe(event.size)
         series.request_bytes.inc(event.size)
         if event.api_key in schema.API_NAMES:
-            self.request_versions.labels(series.name, str(event.api_version)).inc()
+            key = (event.api_key, event.api_version)
+            child = self._versions.get(key)
+            if child is None:
+                child = self._versions[key] = self.request_versions.labels(series.name, str(event.api_version))
+            child.inc()
         request = event.request
         if request is None:
-            self.decode_failures.labels("request").inc()
+            self._decode_failures["request"].inc()
             return
         if request.is_opaque:
             series.opaque.inc()
@@ -253,7 +257,7 @@ class Metrics:
         series.response_bytes.inc(event.size)
         response = event.response
         if response is None:
-            self.decode_failures.labels("response").inc()
+            self._decode_failures["response"].inc()
             series.latency.observe(event.latency)
             return
         if response.is_opaque:
@@ -284,7 +288,8 @@ class Metrics:
                 total += nbytes
                 if self.topic_label is not None and nbytes:
                     self.topic_fetched_bytes.labels(self.topic_label(_topic_name(topic))).inc(nbytes)
-        self.fetched_bytes.inc(total)
+        if total:
+            self.fetched_bytes.inc(total)
         return total
 
     def _count_batches(self, records, batches: Counter, record_counter: Counter) -> int:
