@@ -43,6 +43,7 @@ CONTROLLER_ADDRESS_KEYS = frozenset({52, 53, 54, 55, 59, 82})
 LISTEN_BACKLOG = 1024             # accept queue per listener; clients burst on rebalances
 IDLE_CHECK_INTERVAL_S = 5.0       # how often idle connections are looked for
 SHUTDOWN_POLL_S = 0.05            # how often shutdown checks for in-flight requests
+CLOSE_GRACE_S = 2.0               # closed sockets' handlers finish in milliseconds; this is slack
 # Distinct (direction, api, version) kinds logged; a client sending random api keys must
 # not grow the set (or the log) without bound. Metrics still count every failure.
 MAX_LOGGED_DECODE_KINDS = 256
@@ -296,9 +297,12 @@ class Proxy:
             self._reaper.cancel()
         tasks = [r.task for r in self.relays if r.task is not None]
         if tasks:
-            await asyncio.wait(tasks, timeout=2.0)
+            await asyncio.wait(tasks, timeout=CLOSE_GRACE_S)
         for server in self.listeners.values():
-            await server.wait_closed() if not tasks else None
+            try:        # bounded: on newer Pythons wait_closed also waits for connections
+                await asyncio.wait_for(server.wait_closed(), CLOSE_GRACE_S)
+            except asyncio.TimeoutError:
+                log.warning("a listener did not finish closing within %gs", CLOSE_GRACE_S)
         self.listeners.clear()
         log.info("kproxy stopped")
 
