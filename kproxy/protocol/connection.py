@@ -362,9 +362,15 @@ class Connection:
             replacement = self._transform(event) if is_held and self._transform else None
             if replacement is not None:
                 out.append(SIZE.pack(len(replacement)) + replacement)
+                continue
+            # Unchanged frames go out as prefix + the frame itself: record payloads
+            # (a held Fetch v16+ response is often MBs) are never copied.
+            already = passed if i == 0 else 0
+            if already < 4:
+                out.append(SIZE.pack(len(frame))[already:])
+                out.append(frame)
             else:
-                whole = SIZE.pack(len(frame)) + bytes(frame)
-                out.append(whole[passed:] if i == 0 else whole)
+                out.append(memoryview(frame)[already - 4:])
         if framer.buffered and not tail_held:
             out.append(bytes(framer.buffer[0 if frames else passed:]))
         return events, out
