@@ -56,6 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from kproxy.embedded._support import _recv_exactly  # noqa: E402
+from kproxy.protocol._codec import write_uvarint  # noqa: E402
 from kproxy.protocol.connection import (MalformedFrame, RequestReceived,  # noqa: E402
                                         ResponseReceived, SaslTokenPassed)
 
@@ -569,18 +571,11 @@ def run_java(broker: ProxiedBroker, scenario: Scenario) -> dict:
 
 # --------------------------------------------------------------------------- hand-written probe
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _compact_string(text: str) -> bytes:
     data = text.encode()
-    return _uvarint(len(data) + 1) + data
+    length = bytearray()
+    write_uvarint(len(data) + 1, length)
+    return bytes(length) + data
 
 
 def run_probe(broker: ProxiedBroker, scenario: Scenario) -> dict:
@@ -606,23 +601,13 @@ def run_probe(broker: ProxiedBroker, scenario: Scenario) -> dict:
                      + (b"\x00" + struct.pack(">i", -1) if version >= 5 else b"")
                      + b"\x00")                                    # body tagged fields
             sock.sendall(struct.pack(">i", len(frame)) + frame)
-            size, = struct.unpack(">i", _recv_exact(sock, 4))
-            answer = _recv_exact(sock, size)
+            size, = struct.unpack(">i", _recv_exactly(sock, 4))
+            answer = _recv_exactly(sock, size)
             if struct.unpack_from(">i", answer)[0] != correlation_id:
                 raise RuntimeError(f"probe: unexpected correlation id in {answer[:8].hex()}")
     return {"library": "tools/capture_golden.py", "library_version": "1",
             "client_version": "hand-written ApiVersions requests",
             "api_versions_sent": list(versions)}
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise RuntimeError("probe: broker closed the connection")
-        data += chunk
-    return bytes(data)
 
 
 # --------------------------------------------------------------------------- scenarios
