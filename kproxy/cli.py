@@ -12,6 +12,7 @@ import time
 
 from .protocol import error_name
 from .protocol.connection import ResponseReceived
+from .protocol.walk import error_codes
 
 DEMO_TOPIC = "kproxy-demo"
 DEMO_BATCH = 20               # messages produced (and consumed) per traffic round
@@ -25,20 +26,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _errors_in(body, found=None) -> list[str]:
-    """Non-zero error codes anywhere in a decoded body, by Kafka's names."""
-    found = [] if found is None else found
-    for name, value in getattr(body, "__dict__", {}).items():
-        if name == "error_code" and value:
-            found.append(error_name(value))
-        elif isinstance(value, list):
-            for item in value:
-                _errors_in(item, found)
-        elif hasattr(value, "__dict__"):
-            _errors_in(value, found)
-    return found
-
-
 def print_event_lines(info, events) -> None:
     """An observer that prints one line per request/response pair."""
     for event in events:
@@ -48,7 +35,11 @@ def print_event_lines(info, events) -> None:
         decoded = request.request
         client = decoded.client_id if decoded else "?"
         response = event.response
-        errors = _errors_in(response.body) if response is not None else ["<undecodable>"]
+        if response is None:
+            errors = ["<undecodable>"]
+        else:
+            errors = [error_name(code) for code in error_codes(
+                "response", event.api_key, response.body_version or event.api_version, response.body)]
         print(f"conn={info.id:<3} {request.api_name:<18} v{request.api_version:<2} "
               f"corr={event.correlation_id:<5} client={client:<22} "
               f"req={request.size:>6}B resp={event.size:>7}B "
