@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from ..protocol.connection import Connection, Event, FrameTooLarge, ResponseReceived
+from ..protocol.connection import DEFAULT_MAX_FRAME_SIZE, Connection, Event, FrameTooLarge, ResponseReceived
 
 log = logging.getLogger("kproxy.relay")
 
@@ -61,7 +61,7 @@ class RelayPolicy:
     observers: list[Observer]
     hold: Callable[[int, int], bool] | None = None
     transform: Callable[[ResponseReceived], bytes | None] | None = None
-    max_frame_size: int = 100 * 1024 * 1024
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     connect_timeout: float = 10.0
     upstream_ssl: ssl.SSLContext | None = None
     upstream_check_hostname: bool = True
@@ -245,7 +245,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_wri
 
 
 async def start_relay(listen: HostPort, upstream: HostPort, observers: Iterable[Observer] = (),
-                      max_frame_size: int = 100 * 1024 * 1024) -> asyncio.Server:
+                      max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> asyncio.Server:
     """A plain observing relay to one upstream: no rewriting (for tools and tests)."""
     policy = RelayPolicy("relay", None, lambda: [upstream], list(observers),
                          max_frame_size=max_frame_size)
