@@ -231,3 +231,19 @@ def test_relay_broker_without_holds_returns_the_chunk_itself():
     chunk = response_bytes(18, 3, 1)
     events, out = conn.relay_broker(chunk)
     assert out[0] is chunk and len(events) == 1
+
+
+def test_large_held_frames_pass_unchanged_without_copying_the_payload():
+    from kproxy.protocol.connection import ZERO_COPY_FRAME_BYTES
+    from kproxy.protocol.records import Record, build_batch
+
+    batch = build_batch([Record(0, 0, None, b"x" * (2 * ZERO_COPY_FRAME_BYTES), ())], "none")
+    fetch = response_bytes(1, 16, 1, responses=[Struct(partitions=[
+        Struct(partition_index=0, records=batch)])])
+    conn = Connection(hold=lambda k, v: k == 1, transform=lambda e: None)
+    conn.receive_client(request_bytes(1, 16, 1))
+    out = []
+    for pos in range(0, len(fetch), 50_000):              # arrives in pieces, held until complete
+        out += conn.relay_broker(fetch[pos:pos + 50_000])[1]
+    assert b"".join(bytes(c) for c in out) == fetch
+    assert any(isinstance(c, memoryview) and len(c) >= 2 * ZERO_COPY_FRAME_BYTES for c in out)

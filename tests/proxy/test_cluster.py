@@ -509,7 +509,13 @@ def tls_answer(proxy: ProxyThread, pki: PKI, identity=None) -> bytes | str:
             # TLS 1.3 clients finish their handshake before the server checks their
             # certificate: a refusal shows on the first read.
             conn.sendall(framed(b"\x00\x12\x00\x00\x00\x00\x00\x01\xff\xff"))
-            return conn.recv(4096)
+            answer = conn.recv(4096)
+            while 4 <= len(answer) < 4 + int.from_bytes(answer[:4], "big"):   # one whole frame
+                more = conn.recv(4096)
+                if not more:
+                    break
+                answer += more
+            return answer
     except (ssl.SSLError, ConnectionResetError, BrokenPipeError) as exc:
         return repr(exc)
 
