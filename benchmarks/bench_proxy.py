@@ -15,24 +15,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
-import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import uvloop  # noqa: E402
-
-from kproxy import config as config_module  # noqa: E402
-from kproxy.runtime import Runtime  # noqa: E402
-
 DEFAULT_RECORDS = 100_000
 DEFAULT_SIZE = 1024
 CONSUME_TIMEOUT_S = 120.0
+# Capture runs over a simulated slow disk (see _kproxy_process.py): each write sleeps
+# this long first, so the writer manages ~50 writes/s, far below the traffic.
+SLOW_DISK_DELAY_S = 0.02
 
 
 def free_port() -> int:
@@ -41,28 +42,73 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ProxyInThread:
-    """kproxy on its own uvloop thread, as it runs in production (its own process's loop)."""
+# How long kproxy may take to answer /readyz after it was launched (imports included).
+PROXY_START_TIMEOUT_S = 30.0
 
-    def __init__(self, upstream: str):
+
+class ProxyProcess:
+    """kproxy in its own process, as it runs in production.
+
+    Not a thread of this process: the client's Python loop (confluent-kafka's
+    ``consume`` builds a Python object per message) would share kproxy's GIL and
+    the figures would measure that contention, which no deployment has.
+    Capture is controlled over the admin listener, as an operator would.
+    """
+
+    def __init__(self, upstream: str, slow_disk_s: float = 0.0):
         port = free_port()
         self.bootstrap = f"127.0.0.1:{port}"
-        self.runtime = Runtime(config_module.build({
-            "upstream": upstream, "listen": self.bootstrap, "admin_listen": "off",
-            "broker_port_base": free_port(), "log_level": "WARNING"}))
-        self.loop = uvloop.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.admin = f"127.0.0.1:{free_port()}"
+        launcher = Path(__file__).resolve().parent / "_kproxy_process.py"
+        self.argv = [sys.executable, str(launcher)]
+        if slow_disk_s:
+            self.argv += ["--slow-disk-ms", str(slow_disk_s * 1000)]
+        self.argv += ["run", "--upstream", upstream, "--listen", self.bootstrap,
+                      "--admin-listen", self.admin, "--broker-port-base", str(free_port()),
+                      "--log-level", "WARNING"]
+        self.process: subprocess.Popen | None = None
 
     def __enter__(self):
-        import asyncio
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.runtime.start(), self.loop).result(10)
-        return self
+        self.process = subprocess.Popen(self.argv)
+        deadline = time.monotonic() + PROXY_START_TIMEOUT_S
+        while True:
+            try:
+                if self.request("GET", "/readyz")[0] == 200:
+                    return self
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"kproxy did not become ready: {' '.join(self.argv)}")
+            time.sleep(0.1)
 
     def __exit__(self, *exc):
-        import asyncio
-        asyncio.run_coroutine_threadsafe(self.runtime.stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict | str]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"http://{self.admin}{path}", data=data, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                status, text = resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            status, text = exc.code, exc.read().decode()
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text
+
+    def capture(self, action: str, body: dict | None = None) -> dict:
+        status, reply = self.request("POST", f"/capture/{action}", body or {})
+        if status != 200:
+            raise RuntimeError(f"capture {action}: HTTP {status}: {reply}")
+        return reply
 
 
 def produce(bootstrap: str, topic: str, records: int, size: int) -> float:
@@ -115,7 +161,7 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
     labels = ["direct", "kproxy"] + (["capture"] if capture_dir else [])
     with cm as b:
         upstream = b.bootstrap_servers
-        with ProxyInThread(upstream) as proxy:
+        with ProxyProcess(upstream, SLOW_DISK_DELAY_S if capture_dir else 0.0) as proxy:
             # Alternate the paths so JVM warm-up and machine noise hit all of them; report
             # each one's best round.
             for round_no in range(rounds):
@@ -124,45 +170,21 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
                 for label in labels[round_no % len(labels):] + labels[:round_no % len(labels)]:
                     bootstrap = upstream if label == "direct" else proxy.bootstrap
                     if label == "capture":
-                        start_overloaded_capture(proxy.runtime.capture, capture_dir, capture_formats)
+                        proxy.capture("start", {"directory": capture_dir, "formats": list(capture_formats)})
                     topic = f"bench-{label}-{uuid.uuid4().hex[:6]}"
                     for op, seconds in (("produce", produce(bootstrap, topic, records, size)),
                                         ("consume", consume(bootstrap, topic, records))):
                         key = f"{label}_{op}_mb_s"
                         results[key] = max(results.get(key, 0.0), mb / seconds)
                     if label == "capture":
-                        counters = proxy.runtime.capture.counters()
-                        proxy.runtime.capture.stop()
-                        for name in ("enqueued", "dropped", "rows_written"):
-                            results[f"capture_{name}"] = results.get(f"capture_{name}", 0) + counters[name]
+                        counters = proxy.capture("stop")["counters"]
+                        for name in ("enqueued", "dropped", "rows_written"):   # cumulative
+                            results[f"capture_{name}"] = counters[name]
     for op in ("produce", "consume"):
         results[f"{op}_ratio"] = results[f"kproxy_{op}_mb_s"] / results[f"direct_{op}_mb_s"]
         if capture_dir:
             results[f"capture_{op}_ratio"] = results[f"capture_{op}_mb_s"] / results[f"kproxy_{op}_mb_s"]
     return results
-
-
-SLOW_DISK_DELAY_S = 0.02      # per write: the writer manages ~50 rows/s, far below the traffic
-
-
-def start_overloaded_capture(capture, directory: str, formats: tuple[str, ...]) -> None:
-    """Capture everything to a simulated slow disk, so the writer cannot keep up.
-
-    The delay sleeps (releasing the GIL, like a blocked write), so what is measured
-    is the relay's side of the bargain: filter, enqueue, drop and count, never wait.
-    """
-    from kproxy.observers.capture import CaptureConfig
-    from kproxy.observers.capture.files import RotatingSink
-
-    if not getattr(RotatingSink, "_bench_slowed", False):
-        original = RotatingSink.before_write
-
-        def slow_before_write(self, nbytes):
-            time.sleep(SLOW_DISK_DELAY_S)
-            return original(self, nbytes)
-        RotatingSink.before_write = slow_before_write
-        RotatingSink._bench_slowed = True
-    capture.start(CaptureConfig(directory=directory, formats=formats))
 
 
 def main() -> int:
