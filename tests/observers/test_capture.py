@@ -560,6 +560,47 @@ def test_a_full_queue_drops_and_counts_without_blocking(capture, tmp_path, monke
     assert capture.rows_written == len(read_jsonl(tmp_path)) > 0
 
 
+@pytest.mark.parametrize("share", [0.25, 0.5, 1.0])
+def test_the_writer_pauses_to_stay_within_its_cpu_share(capture, tmp_path, monkeypatch, share):
+    """Each pair "costs" 10 ms of the writer's CPU (a fake thread clock); the writer must
+    then sleep (1 - share) / share of that, so it holds the interpreter lock the relay
+    needs at most ``share`` of the time."""
+    from kproxy.observers.capture import writer as writer_module
+    cpu = [0.0]
+    pauses = []
+    real_sleep = time.sleep
+    original = Writer._handle
+
+    def handle(self, item):
+        cpu[0] += 0.010
+        return original(self, item)
+
+    def sleep(seconds):
+        if threading.current_thread().name == "kproxy-capture":
+            pauses.append(seconds)
+        real_sleep(0)
+
+    monkeypatch.setattr(Writer, "_handle", handle)
+    monkeypatch.setattr(writer_module.time, "thread_time", lambda: cpu[0])
+    monkeypatch.setattr(writer_module.time, "sleep", sleep)
+    start(capture, tmp_path, formats=("jsonl",), writer_cpu_share=share)
+    link = Link(capture)
+    for corr in range(1, 21):
+        link.exchange(18, 3, corr)
+    capture.stop()
+    assert capture.rows_written == 20
+    handled = capture.enqueued                           # every request and response, 10 ms each
+    assert cpu[0] == pytest.approx(handled * 0.010)
+    assert sum(pauses) == pytest.approx(cpu[0] * (1 - share) / share)
+    assert capture.status()["config"]["writer_cpu_share"] == share
+
+
+def test_writer_cpu_share_is_validated(tmp_path):
+    for bad in (0, -0.1, 1.5, "much"):
+        with pytest.raises(ValueError, match="writer_cpu_share"):
+            CaptureConfig.from_dict({"directory": str(tmp_path), "writer_cpu_share": bad})
+
+
 def test_queue_bytes_bound(capture, tmp_path, monkeypatch):
     gate = threading.Event()
     original = Writer._handle

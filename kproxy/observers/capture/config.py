@@ -23,6 +23,10 @@ DEFAULT_MAX_TOTAL_BYTES = 2 * 1024 * 1024 * 1024
 # 64 MiB is ~60 full-size (1 MiB) fetch responses: a few hundred ms of burst.
 DEFAULT_QUEUE_ITEMS = 20_000
 DEFAULT_QUEUE_BYTES = 64 * 1024 * 1024
+# The writer thread shares the interpreter lock with the relay: past this share of
+# one core (its own CPU time over wall time) it pauses, the queue fills and events
+# are dropped and counted instead, so a busy capture cannot starve forwarding.
+DEFAULT_WRITER_CPU_SHARE = 0.25
 # Parquet rows are buffered and written as one row group every N rows or T seconds.
 DEFAULT_PARQUET_BATCH_ROWS = 1000
 DEFAULT_PARQUET_FLUSH_SECONDS = 1.0
@@ -46,6 +50,7 @@ class CaptureConfig:
     queue_max_bytes: int = DEFAULT_QUEUE_BYTES
     parquet_batch_rows: int = DEFAULT_PARQUET_BATCH_ROWS
     parquet_flush_seconds: float = DEFAULT_PARQUET_FLUSH_SECONDS
+    writer_cpu_share: float = DEFAULT_WRITER_CPU_SHARE
 
     def __post_init__(self) -> None:
         if isinstance(self.formats, str):
@@ -75,6 +80,8 @@ class CaptureConfig:
         for name in ("rotate_seconds", "parquet_flush_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{key}.{name}: must be positive, got {getattr(self, name)}")
+        if not 0 < self.writer_cpu_share <= 1:
+            raise ValueError(f"{key}.writer_cpu_share: must be in (0, 1], got {self.writer_cpu_share}")
         if self.max_total_bytes < self.rotate_bytes * len(self.formats):
             raise ValueError(f"{key}.max_total_bytes: must be at least rotate_bytes x formats "
                              f"({self.rotate_bytes * len(self.formats)}): open files reserve "
@@ -103,7 +110,7 @@ class CaptureConfig:
                 values[name] = str(value)
             elif name in ("include_bodies", "include_record_data", "record_unanswered"):
                 values[name] = _bool(value, f"{key}.{name}")
-            elif name in ("rotate_seconds", "parquet_flush_seconds"):
+            elif name in ("rotate_seconds", "parquet_flush_seconds", "writer_cpu_share"):
                 values[name] = _number(value, float, f"{key}.{name}")
             else:
                 values[name] = _number(value, int, f"{key}.{name}")

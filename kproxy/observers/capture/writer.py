@@ -46,6 +46,10 @@ from .summary import (OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, OUTCOME_UNANSWERED,
 log = logging.getLogger("kproxy.capture")
 
 TICK_S = 0.25                  # flush / time-rotation check interval when idle
+# The CPU-share pause (``writer_cpu_share``) is taken once this much is owed: short
+# enough to keep each stretch the thread holds the interpreter lock brief, long
+# enough that sleeping does not become the writer's main cost.
+MIN_PAUSE_S = 0.002
 MAX_CONNECTIONS_TRACKED = 100_000   # per-connection state kept without a close hook, at most
 MAX_PENDING_PER_CONNECTION = 10_000  # a client that never gets answers cannot grow this forever
 STOP = object()
@@ -101,8 +105,15 @@ class Writer(threading.Thread):
     def run(self) -> None:
         session, q = self.session, self.session.queue
         next_tick = time.monotonic() + TICK_S
+        # Seconds of pause owed per second of this thread's CPU: share 0.25 -> 3.
+        pause_per_cpu_s = (1.0 - self.config.writer_cpu_share) / self.config.writer_cpu_share
+        owed = 0.0
+        cpu = time.thread_time()
         try:
             while True:
+                if owed >= MIN_PAUSE_S:
+                    time.sleep(owed)         # the relay has the lock; the queue absorbs or drops
+                    owed = 0.0
                 try:
                     item = q.get(timeout=TICK_S)
                 except queue.Empty:
@@ -131,6 +142,8 @@ class Writer(threading.Thread):
                     if self.jsonl is not None:
                         self.jsonl.flush()
                     next_tick = now + TICK_S
+                spent, cpu = cpu, time.thread_time()
+                owed += (cpu - spent) * pause_per_cpu_s
             for sink in self.sinks:
                 sink.close()
         except OSError as exc:
