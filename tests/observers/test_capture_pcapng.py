@@ -164,3 +164,31 @@ def test_checksum_matches_the_rfc_1071_example():
     assert checksum(bytes.fromhex("0001f203f4f5f6f7")) == 0x220D
     assert checksum(b"\x45\x00\x00\x73\x00\x00\x40\x00\x40\x11\x00\x00\xc0\xa8\x00\x01\xc0\xa8\x00\xc7") \
         == 0xB861
+
+
+@pytest.mark.parametrize("value_size", [0, 5, 63, 64, 200, 70_000])
+def test_scrub_records_zeroes_data_and_keeps_framing(value_size):
+    """Record keys, values and header values become zeros of the same length; offsets,
+    timestamps, header keys and the batch itself stay readable (varints of 1-3 bytes,
+    null keys and values larger than the zero block included)."""
+    from kproxy.observers.capture.redact import scrub_records
+    from kproxy.protocol.records import Record, build_batch, iter_batches
+
+    sent = [Record(i, 1_700_000_000_000 + i * 1000, None if i % 2 else b"key-%d" % i,
+                   b"v" * value_size if i % 3 else None,
+                   (("trace", b"secret-%d" % i), ("empty", None)) if i % 4 == 0 else ())
+            for i in range(12)]
+    blob = b"".join([build_batch(sent, "none"), build_batch(sent[:3], "none")])
+    scrubbed = scrub_records(blob)
+    assert len(scrubbed) == len(blob)
+    batches = list(iter_batches(scrubbed))
+    got = [r for batch in batches for r in batch.records()]
+    assert len(got) == len(sent) + 3
+    for before, after in zip(sent + sent[:3], got):
+        assert after.offset == before.offset and after.timestamp == before.timestamp
+        assert after.key == (None if before.key is None else bytes(len(before.key)))
+        assert after.value == (None if before.value is None else bytes(len(before.value)))
+        assert [k for k, _ in after.headers] == [k for k, _ in before.headers]
+        assert [v for _, v in after.headers] == [None if v is None else bytes(len(v))
+                                                  for _, v in before.headers]
+    assert b"secret" not in scrubbed and b"key-" not in scrubbed

@@ -48,6 +48,8 @@ _IF_TSRESOL = 9
 TCP_FIN, TCP_SYN, TCP_PSH, TCP_ACK = 0x01, 0x02, 0x08, 0x10
 _SIZE = struct.Struct(">i")
 _EPB_HEAD = struct.Struct("<IIIII")
+_BLOCK_HEAD = struct.Struct("<II")
+_BLOCK_TAIL = struct.Struct("<I")
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _IPV6 = struct.Struct("!IHBB16s16s")
 _TCP = struct.Struct("!HHIIBBHHH")
@@ -85,11 +87,19 @@ def interface_description() -> bytes:
 
 
 def enhanced_packet(micros: int, packet: bytes, comment: str | None = None) -> bytes:
-    body = _EPB_HEAD.pack(0, (micros >> 32) & 0xFFFFFFFF, micros & 0xFFFFFFFF, len(packet), len(packet))
-    body += packet + b"\0" * (-len(packet) % 4)
+    return b"".join(enhanced_packet_parts(micros, packet, b"", comment))
+
+
+def enhanced_packet_parts(micros: int, headers: bytes, payload, comment: str | None = None) -> list:
+    """An Enhanced Packet Block as parts to join, ``payload`` (a view) never copied here."""
+    length = len(headers) + len(payload)
+    trailer = b"\0" * (-length % 4)
     if comment:
-        body += _options(_option(_OPT_COMMENT, comment.encode()))
-    return _block(_EPB, body)
+        trailer += _options(_option(_OPT_COMMENT, comment.encode()))
+    total = 12 + _EPB_HEAD.size + length + len(trailer)
+    head = _BLOCK_HEAD.pack(_EPB, total) + _EPB_HEAD.pack(
+        0, (micros >> 32) & 0xFFFFFFFF, micros & 0xFFFFFFFF, length, length)
+    return [head + headers, payload, trailer + _BLOCK_TAIL.pack(total)]
 
 
 # TCP checksums cover the whole payload: ~5 ms of pure Python per MiB of Fetch response,
@@ -132,17 +142,21 @@ class TcpStream:
         self.closed = False
 
     def _packet(self, from_client: bool, seq: int, ack: int, flags: int, payload: bytes) -> bytes:
+        return self._headers(from_client, seq, ack, flags, payload) + payload
+
+    def _headers(self, from_client: bool, seq: int, ack: int, flags: int, payload) -> bytes:
+        """The IP and TCP headers of one segment carrying ``payload``."""
         if from_client:
             src, dst, sport, dport = self.client, self.server, self.client_port, self.server_port
         else:
             src, dst, sport, dport = self.server, self.client, self.server_port, self.client_port
         tcp = _TCP.pack(sport, dport, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF, 5 << 4, flags, 65535, 0, 0)
         length = len(tcp) + len(payload)
-        if src.version == 4:
-            pseudo = src.packed + dst.packed + struct.pack("!BBH", 0, 6, length)
-        else:
-            pseudo = src.packed + dst.packed + struct.pack("!I3xB", length, 6)
         if TCP_CHECKSUMS:
+            if src.version == 4:
+                pseudo = src.packed + dst.packed + struct.pack("!BBH", 0, 6, length)
+            else:
+                pseudo = src.packed + dst.packed + struct.pack("!I3xB", length, 6)
             csum = checksum(pseudo + tcp + payload)
             tcp = tcp[:16] + struct.pack("!H", csum) + tcp[18:]
         if src.version == 4:
@@ -151,7 +165,7 @@ class TcpStream:
             ip = ip[:10] + struct.pack("!H", checksum(ip)) + ip[12:]
         else:
             ip = _IPV6.pack(6 << 28, length, 6, 64, src.packed, dst.packed)
-        return ip + tcp + payload
+        return ip + tcp
 
     def handshake(self) -> list[bytes]:
         c, s = self.client_seq, self.server_seq
@@ -162,19 +176,21 @@ class TcpStream:
         self.server_seq = (s + 1) & 0xFFFFFFFF
         return packets
 
-    def data(self, from_client: bool, payload: bytes) -> list[bytes]:
-        packets = []
-        for start in range(0, len(payload), MAX_SEGMENT):
-            chunk = payload[start:start + MAX_SEGMENT]
+    def data(self, from_client: bool, payload) -> list[tuple[bytes, memoryview]]:
+        """``payload`` as segments: (IP + TCP headers, a view of the payload) each."""
+        view = memoryview(payload)
+        segments = []
+        for start in range(0, len(view), MAX_SEGMENT):
+            chunk = view[start:start + MAX_SEGMENT]
             if from_client:
-                packets.append(self._packet(True, self.client_seq, self.server_seq,
-                                            TCP_PSH | TCP_ACK, chunk))
+                segments.append((self._headers(True, self.client_seq, self.server_seq,
+                                               TCP_PSH | TCP_ACK, chunk), chunk))
                 self.client_seq = (self.client_seq + len(chunk)) & 0xFFFFFFFF
             else:
-                packets.append(self._packet(False, self.server_seq, self.client_seq,
-                                            TCP_PSH | TCP_ACK, chunk))
+                segments.append((self._headers(False, self.server_seq, self.client_seq,
+                                               TCP_PSH | TCP_ACK, chunk), chunk))
                 self.server_seq = (self.server_seq + len(chunk)) & 0xFFFFFFFF
-        return packets
+        return segments
 
     def close(self) -> list[bytes]:
         c, s = self.client_seq, self.server_seq
@@ -239,15 +255,17 @@ class PcapngSink(RotatingSink):
     def frame(self, info, from_client: bool, wall: float, frame, comment: str | None = None) -> None:
         """One Kafka frame (without its size prefix) sent by the client or the broker."""
         micros = int(round(wall * 1_000_000))
-        payload = _SIZE.pack(len(frame)) + bytes(frame)
+        payload = b"".join((_SIZE.pack(len(frame)), frame))
         self.before_write(len(payload) + 200 * (1 + len(payload) // MAX_SEGMENT))
-        out: list[bytes] = []
+        out: list = []
         stream = self._stream(info, micros, out)
-        for i, packet in enumerate(stream.data(from_client, payload)):
-            out.append(enhanced_packet(micros, packet, comment if i == 0 else None))
-        self._raw(b"".join(out))
+        packets = len(out)
+        for i, (headers, chunk) in enumerate(stream.data(from_client, payload)):
+            out.extend(enhanced_packet_parts(micros, headers, chunk, comment if i == 0 else None))
+            packets += 1
+        self._raw(b"".join(out))          # the one copy of the payload into the file's buffer
         self.items_in_file += 1
-        self.counters.packets_written += len(out)
+        self.counters.packets_written += packets
 
     def placeholder(self, info, from_client: bool, wall: float, size: int, comment: str) -> None:
         """A frame whose bytes kproxy never kept (SASL v0 raw token): size prefix + zeros."""

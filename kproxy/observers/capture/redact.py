@@ -322,28 +322,61 @@ def scrub_records(blob) -> bytes:
     return bytes(out)
 
 
+_ZEROS = memoryview(bytes(64 * 1024))     # slices of it zero-fill without allocating
+_ZEROS_LEN = len(_ZEROS)
+
+
 def _scrub_v2_records(out: bytearray, pos: int, end: int) -> None:
+    # The hot loop of pcapng redaction (one pass per record of every Produce request
+    # and Fetch response): one-byte varints are read inline, the timestamp and offset
+    # deltas skipped without decoding; about twice as fast as calling _read_varint.
     while pos < end:
-        length, pos = _read_varint(out, pos)
+        b = out[pos]
+        if b < 0x80:
+            length = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            length, pos = _read_varint(out, pos)
         stop = pos + length
         pos += 1                                   # attributes
-        _, pos = _read_varint(out, pos)            # timestamp delta
-        _, pos = _read_varint(out, pos)            # offset delta
-        pos = _zero_varbytes(out, pos)             # key
-        pos = _zero_varbytes(out, pos)             # value
-        count, pos = _read_varint(out, pos)
-        for _ in range(max(count, 0)):
-            n, pos = _read_varint(out, pos)        # header key: kept
-            pos += max(n, 0)
-            pos = _zero_varbytes(out, pos)         # header value
+        while out[pos] & 0x80:                     # timestamp delta
+            pos += 1
+        pos += 1
+        while out[pos] & 0x80:                     # offset delta
+            pos += 1
+        pos += 1
+        for _ in (0, 1):                           # key, value: zeroed
+            b = out[pos]
+            if b < 0x80:
+                n = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                n, pos = _read_varint(out, pos)
+            if n > 0:
+                out[pos:pos + n] = _ZEROS[:n] if n <= _ZEROS_LEN else bytes(n)
+                pos += n
+        b = out[pos]
+        if b == 0:                                 # no headers (zigzag 0)
+            pos += 1
+        else:
+            count, pos = _read_varint(out, pos)
+            for _ in range(max(count, 0)):
+                n, pos = _read_varint(out, pos)    # header key: kept
+                pos += max(n, 0)
+                pos = _zero_varbytes(out, pos)     # header value
         if pos != stop:
             raise DecodeError("record framing")
 
 
 def _zero_varbytes(out: bytearray, pos: int) -> int:
-    n, pos = _read_varint(out, pos)
+    b = out[pos]
+    if b < 0x80:
+        n = (b >> 1) ^ -(b & 1)
+        pos += 1
+    else:
+        n, pos = _read_varint(out, pos)
     if n > 0:
-        out[pos:pos + n] = bytes(n)
+        out[pos:pos + n] = _ZEROS[:n] if n <= _ZEROS_LEN else bytes(n)
         pos += n
     return pos
 
