@@ -76,8 +76,9 @@ def _demo_traffic(bootstrap: str, stop: threading.Event) -> None:
 async def _demo(args) -> int:
     from . import config as config_module
     from .embedded.kafka import KafkaCluster
-    from .runtime import Runtime
+    from .runtime import Runtime, tune_allocator
 
+    tune_allocator()
     listen_port = args.port or _free_port()
     print("starting a local Apache Kafka broker (KRaft) ...", flush=True)
     cluster = KafkaCluster(1)
@@ -139,7 +140,7 @@ RUN_FLAGS = {   # flag -> (config key, help)
 
 def _run(args) -> int:
     from . import config as config_module
-    from .runtime import Runtime
+    from .runtime import Runtime, tune_allocator
 
     overrides = {key: getattr(args, key) for key, _ in RUN_FLAGS.values()}
     if args.no_cap_api_versions:
@@ -150,6 +151,7 @@ def _run(args) -> int:
         print(f"kproxy: config error: {exc}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(config.log_level.upper())
+    tune_allocator()
     runtime = Runtime(config)
     try:
         import uvloop
