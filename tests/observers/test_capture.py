@@ -746,3 +746,38 @@ def test_a_pair_that_cannot_be_written_is_counted_and_logged_once(capture, tmp_p
     assert capture.row_errors == 5 and capture.rows_written == 5 and capture.write_errors == 0
     assert [r["correlation_id"] for r in read_jsonl(tmp_path)] == [2, 4, 6, 8, 10]
     assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1
+
+
+def test_memory_held_for_pairs_stays_within_the_queue_bound(capture, tmp_path, monkeypatch):
+    """Responses hold their requests' frames: under overload neither queued responses
+    nor requests awaiting answers in the writer may keep more than the bound alive."""
+    gate = threading.Event()
+    original = Writer._handle
+    seen = []
+
+    def handle(self, item):
+        gate.wait(5)
+        original(self, item)
+        seen.append(self.pending_bytes)
+
+    monkeypatch.setattr(Writer, "_handle", handle)
+    bound = 256 * 1024
+    start(capture, tmp_path, formats=("jsonl",), queue_max_bytes=bound)
+    link = Link(capture)
+    big = records(1, value=b"x" * 60_000)
+    for corr in range(1, 41):             # requests fill the queue, then their small responses
+        link.request(0, 9, corr, **produce_request(recs=big))
+    for corr in range(1, 41):
+        link.response(0, 9, corr, **produce_response())
+    queued = capture.status()["queue"]["bytes"]
+    assert queued <= bound and capture.dropped > 0
+    gate.set()
+    for corr in range(41, 81):            # the writer keeps requests awaiting answers
+        link.request(0, 9, corr, **produce_request(recs=big))
+        deadline = time.monotonic() + 5
+        while capture.status()["queue"]["items"] and time.monotonic() < deadline:
+            time.sleep(0.001)             # let the writer take each one: none dropped
+    assert capture.dropped < 80
+    link.close(capture)
+    capture.stop()
+    assert seen and max(seen) <= bound + 70_000       # one frame over the bound at most

@@ -97,12 +97,12 @@ class Session:
             if cls is ResponseReceived:
                 request = event.request_event
                 if request_ok(conn_id, request):
-                    size = event.size + _ITEM_OVERHEAD
-                    if not self.want_requests:
-                        size += request.size
-                    self._put("resp", info, event, None, size)
+                    # A response holds its request (and its frame: MBs for Produce) until
+                    # written, even when the request was queued, or dropped, on its own:
+                    # charge both, or the queue's bytes bound would not bound its memory.
+                    self._put("resp", info, event, None, event.size + request.size + _ITEM_OVERHEAD)
                 elif self.learn_metadata and request.api_key == _METADATA:
-                    self._put("learn", info, event, None, event.size + _ITEM_OVERHEAD)
+                    self._put("learn", info, event, None, event.size + request.size + _ITEM_OVERHEAD)
                 else:
                     capture.filtered += 1
             elif cls is RequestReceived:

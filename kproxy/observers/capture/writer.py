@@ -52,6 +52,9 @@ TICK_S = 0.25                  # flush / time-rotation check interval when idle
 MIN_PAUSE_S = 0.002
 MAX_CONNECTIONS_TRACKED = 100_000   # per-connection state kept without a close hook, at most
 MAX_PENDING_PER_CONNECTION = 10_000  # a client that never gets answers cannot grow this forever
+# Requests awaiting their response hold their frames (MBs for Produce). When responses
+# are dropped under overload these pile up; past the queue's own bytes bound the
+# oldest of the connection at hand are let go (their pairs are lost, as dropped).
 STOP = object()
 
 
@@ -83,6 +86,7 @@ class Writer(threading.Thread):
         # pcapng then writes both together.
         self.defer_pcap = self.filter.has_topics
         self.conns: dict[int, _Conn] = {}
+        self.pending_bytes = 0               # frames of requests in all conns' pending
         self.topic_names: dict[str, str] = {}
         self._logged_row_error = False
 
@@ -193,7 +197,7 @@ class Writer(threading.Thread):
         if conn is None:
             if len(self.conns) >= MAX_CONNECTIONS_TRACKED:          # no close hook: forget the oldest
                 oldest = next(iter(self.conns))
-                del self.conns[oldest]
+                self.pending_bytes -= sum(r.size for r, _ in self.conns.pop(oldest).pending)
                 if self.pcap is not None:
                     self.pcap.streams.pop(oldest, None)
             conn = self.conns[info.id] = _Conn(info)
@@ -231,9 +235,18 @@ class Writer(threading.Thread):
         if self.pcap is not None and not self.defer_pcap:
             self._pcap_frame(info, event, True)
             written = True
-        if len(conn.pending) >= MAX_PENDING_PER_CONNECTION:
-            conn.pending.popleft()
-        conn.pending.append((event, written))
+        pending = conn.pending
+        if len(pending) >= MAX_PENDING_PER_CONNECTION:
+            self._unpend(pending)
+        pending.append((event, written))
+        self.pending_bytes += event.size
+        while self.pending_bytes > self.config.queue_max_bytes and len(pending) > 1:
+            self._unpend(pending)
+
+    def _unpend(self, pending: deque):
+        request, written = pending.popleft()
+        self.pending_bytes -= request.size
+        return request, written
 
     def _response(self, info, event) -> None:
         request = event.request_event
@@ -242,7 +255,7 @@ class Writer(threading.Thread):
         pending = conn.pending
         if pending and any(r is request for r, _ in pending):
             while pending:
-                r, w = pending.popleft()
+                r, w = self._unpend(pending)
                 if r is request:          # earlier ones: their responses were dropped
                     written = w
                     break
@@ -252,6 +265,7 @@ class Writer(threading.Thread):
         conn = self.conns.pop(info.id, None)
         if conn is not None and conn.pending:
             pending = list(conn.pending)
+            self.pending_bytes -= sum(r.size for r, _ in pending)
             if in_flight is not None:           # the tracker knows what is really unanswered
                 pending = pending[len(pending) - in_flight:] if in_flight else []
             for request, written in pending:
