@@ -17,6 +17,7 @@ import argparse
 import json
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -174,16 +175,23 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
                     topic = f"bench-{label}-{uuid.uuid4().hex[:6]}"
                     for op, seconds in (("produce", produce(bootstrap, topic, records, size)),
                                         ("consume", consume(bootstrap, topic, records))):
-                        key = f"{label}_{op}_mb_s"
-                        results[key] = max(results.get(key, 0.0), mb / seconds)
+                        results.setdefault(f"{label}_{op}_rounds_mb_s", []).append(mb / seconds)
                     if label == "capture":
                         counters = proxy.capture("stop")["counters"]
                         for name in ("enqueued", "dropped", "rows_written"):   # cumulative
                             results[f"capture_{name}"] = counters[name]
+    for label in labels:
+        for op in ("produce", "consume"):
+            results[f"{label}_{op}_mb_s"] = max(results[f"{label}_{op}_rounds_mb_s"])
     for op in ("produce", "consume"):
-        results[f"{op}_ratio"] = results[f"kproxy_{op}_mb_s"] / results[f"direct_{op}_mb_s"]
-        if capture_dir:
-            results[f"capture_{op}_ratio"] = results[f"capture_{op}_mb_s"] / results[f"kproxy_{op}_mb_s"]
+        pairs = [("", "kproxy", "direct")] + ([("capture_", "capture", "kproxy")] if capture_dir else [])
+        for prefix, path, reference in pairs:
+            results[f"{prefix}{op}_ratio"] = results[f"{path}_{op}_mb_s"] / results[f"{reference}_{op}_mb_s"]
+            # Rounds ran the paths back to back: the median of each round's own ratio is
+            # the steadier figure when the machine's speed drifts between rounds.
+            results[f"{prefix}{op}_ratio_median"] = statistics.median(
+                a / b for a, b in zip(results[f"{path}_{op}_rounds_mb_s"],
+                                      results[f"{reference}_{op}_rounds_mb_s"]))
     return results
 
 
@@ -207,15 +215,17 @@ def main() -> int:
         return 0
     print(f"{args.records} records x {args.size} B, broker {args.broker}, confluent-kafka client, "
           f"best of {args.rounds} alternating rounds")
-    print(f"{'':10}{'direct MB/s':>14}{'kproxy MB/s':>14}{'ratio':>8}")
+    print(f"{'':10}{'direct MB/s':>14}{'kproxy MB/s':>14}{'ratio':>8}{'median ratio':>14}")
     for op in ("produce", "consume"):
-        print(f"{op:10}{r[f'direct_{op}_mb_s']:14.1f}{r[f'kproxy_{op}_mb_s']:14.1f}{r[f'{op}_ratio']:8.2f}")
+        print(f"{op:10}{r[f'direct_{op}_mb_s']:14.1f}{r[f'kproxy_{op}_mb_s']:14.1f}{r[f'{op}_ratio']:8.2f}"
+              f"{r[f'{op}_ratio_median']:14.2f}")
     if args.capture_overload:
         print(f"\nwith capture on ({args.capture_overload}) and a writer that cannot keep up "
               f"(slow disk, {SLOW_DISK_DELAY_S * 1000:g} ms/write):")
-        print(f"{'':10}{'capture MB/s':>14}{'vs capture off':>16}")
+        print(f"{'':10}{'capture MB/s':>14}{'vs capture off':>16}{'median ratio':>14}")
         for op in ("produce", "consume"):
-            print(f"{op:10}{r[f'capture_{op}_mb_s']:14.1f}{r[f'capture_{op}_ratio']:16.2f}")
+            print(f"{op:10}{r[f'capture_{op}_mb_s']:14.1f}{r[f'capture_{op}_ratio']:16.2f}"
+                  f"{r[f'capture_{op}_ratio_median']:14.2f}")
         print(f"capture events enqueued {r['capture_enqueued']}, dropped {r['capture_dropped']}, "
               f"rows written {r['capture_rows_written']}")
     return 0
