@@ -278,6 +278,11 @@ def _is_plain_list(value) -> bool:
 
 
 def _read_varint(buf, pos: int) -> tuple[int, int]:
+    """A zigzag varint at ``pos``: (value, position after it). One-byte ones (most
+    record lengths of small records, null keys, empty header lists) return at once."""
+    b = buf[pos]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos + 1
     shift = result = 0
     while True:
         b = buf[pos]
@@ -328,15 +333,10 @@ _ZEROS_LEN = len(_ZEROS)
 
 def _scrub_v2_records(out: bytearray, pos: int, end: int) -> None:
     # The hot loop of pcapng redaction (one pass per record of every Produce request
-    # and Fetch response): one-byte varints are read inline, the timestamp and offset
-    # deltas skipped without decoding: 2.5 -> 1.6 ms per MiB of 1 KiB records.
+    # and Fetch response): the timestamp and offset deltas are skipped without
+    # decoding and one-byte varints return early: 2.5 -> ~1.8 ms per MiB of 1 KiB records.
     while pos < end:
-        b = out[pos]
-        if b < 0x80:
-            length = (b >> 1) ^ -(b & 1)
-            pos += 1
-        else:
-            length, pos = _read_varint(out, pos)
+        length, pos = _read_varint(out, pos)
         stop = pos + length
         pos += 1                                   # attributes
         while out[pos] & 0x80:                     # timestamp delta
@@ -347,26 +347,17 @@ def _scrub_v2_records(out: bytearray, pos: int, end: int) -> None:
         pos += 1
         pos = _zero_varbytes(out, pos)             # key
         pos = _zero_varbytes(out, pos)             # value
-        b = out[pos]
-        if b == 0:                                 # no headers (zigzag 0)
-            pos += 1
-        else:
-            count, pos = _read_varint(out, pos)
-            for _ in range(max(count, 0)):
-                n, pos = _read_varint(out, pos)    # header key: kept
-                pos += max(n, 0)
-                pos = _zero_varbytes(out, pos)     # header value
+        count, pos = _read_varint(out, pos)
+        for _ in range(max(count, 0)):
+            n, pos = _read_varint(out, pos)        # header key: kept
+            pos += max(n, 0)
+            pos = _zero_varbytes(out, pos)         # header value
         if pos != stop:
             raise DecodeError("record framing")
 
 
 def _zero_varbytes(out: bytearray, pos: int) -> int:
-    b = out[pos]
-    if b < 0x80:
-        n = (b >> 1) ^ -(b & 1)
-        pos += 1
-    else:
-        n, pos = _read_varint(out, pos)
+    n, pos = _read_varint(out, pos)
     if n > 0:
         out[pos:pos + n] = _ZEROS[:n] if n <= _ZEROS_LEN else bytes(n)
         pos += n
