@@ -32,9 +32,9 @@ from .messages import Request, Response, decode_request, decode_response
 # Kafka's own default for socket.request.max.bytes; a larger frame means a
 # broken or hostile peer, and buffering it would let one connection eat memory.
 DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024
-# Frames at least this big are never copied: the framer hands them over as views of
-# its buffer and they are forwarded without joining them to their size prefix;
-# smaller ones are copied out and joined, which saves a write (and a TLS record).
+# Frames at least this big are copied once, from the reads they arrived in (or not at
+# all, when one read brought them whole) and forwarded without joining them to their
+# size prefix; smaller ones are joined, which saves a write (and a TLS record).
 ZERO_COPY_FRAME_BYTES = 64 * 1024
 SIZE = struct.Struct(">i")
 _REQUEST_PREFIX = struct.Struct(">hhi")
@@ -190,13 +190,11 @@ class _Framer:
     """Splits one direction's byte stream into frames (without the size prefix).
 
     Small frames are gathered in a bytearray and copied out once. A large frame
-    (``ZERO_COPY_FRAME_BYTES`` and up) is gathered as the list of chunks it
-    arrived in and joined once, when complete: growing a bytearray to MBs a
-    chunk at a time reallocates it again and again, and whenever earlier
-    frames are still referenced (capture's queue, a slow client's write
-    buffer) each reallocation moves and copies it all. Measured on a real
-    producer through kproxy with capture on: the event loop's CPU rose from 0.38
-    to 0.52 cores, most of it in that ``+=``.
+    (``ZERO_COPY_FRAME_BYTES`` and up) is kept as the reads it arrived in and
+    joined once, when complete, instead of growing a bytearray to MBs a read at
+    a time (each growth may move and copy it all). A 1 MB frame in 64 KiB reads:
+    1.6 ms before this framer copied each byte only once, 0.14 ms with a
+    growing bytearray, 0.09 ms gathered.
     """
 
     __slots__ = ("buffer", "max_frame_size", "direction", "_parts", "_missing", "_gathered")

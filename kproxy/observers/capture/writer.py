@@ -52,9 +52,6 @@ TICK_S = 0.25                  # flush / time-rotation check interval when idle
 MIN_PAUSE_S = 0.002
 MAX_CONNECTIONS_TRACKED = 100_000   # per-connection state kept without a close hook, at most
 MAX_PENDING_PER_CONNECTION = 10_000  # a client that never gets answers cannot grow this forever
-# Requests awaiting their response hold their frames (MBs for Produce). When responses
-# are dropped under overload these pile up; past the queue's own bytes bound the
-# oldest of the connection at hand are let go (their pairs are lost, as dropped).
 STOP = object()
 
 
@@ -239,6 +236,9 @@ class Writer(threading.Thread):
         if len(pending) >= MAX_PENDING_PER_CONNECTION:
             self._unpend(pending)
         pending.append((event, written))
+        # Requests awaiting their response hold their frames (MBs for Produce); when
+        # responses are dropped under overload they pile up. Past the queue's own bytes
+        # bound the oldest of this connection are let go (their pairs lost, as dropped).
         self.pending_bytes += event.size
         while self.pending_bytes > self.config.queue_max_bytes and len(pending) > 1:
             self._unpend(pending)
