@@ -13,6 +13,7 @@ command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v promtool >/dev/null || need_apt+=(prometheus)   # Prometheus server + promtool (metrics tests)
 command -v tshark >/dev/null || need_apt+=(tshark)         # reads kproxy's pcapng captures (capture tests)
+command -v chromium >/dev/null || need_apt+=(chromium)     # the analysis report and web view, tested in a real browser
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "setup: installing ${need_apt[*]}"
@@ -30,7 +31,7 @@ fi
 stamp="$VENV/.kproxy-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q -e '.[test]'
+    "$VENV/bin/pip" install -q -e '.[test,analysis]'
     touch "$stamp"
 fi
 
