@@ -8,7 +8,8 @@ the last 3.x (which still has them) and the newest 4.x, and merge them per
 version: a version the 4.x line defines comes from 4.x, a version only 3.x
 defines comes from 3.x. The merged field tree is then verified against both
 sources, version by version, so a merge mistake fails generation instead of
-silently mis-decoding traffic.
+silently mis-decoding traffic. The difference between the two lines is kept
+too (``REMOVED_VERSIONS``): the request versions Kafka 4.0 removed.
 
 Only facts are kept (names, types, version ranges, tags, defaults, error
 codes); no descriptive text. Output is deterministic: sorted keys, stable
@@ -287,6 +288,39 @@ def verify(merged: Message, new: Message | None, old: Message | None, where: str
 
 # ---------------------------------------------------------------- output
 
+def removed_request_versions(old_defs: dict, new_defs: dict) -> dict[int, tuple[int, int]]:
+    """Request versions the old line defines and the new line does not: what Kafka 4.0 removed.
+
+    Decided from the definitions' ``validVersions``, which is what KIP-896
+    changed. Not from what a broker advertises: Kafka 4.x's ApiVersions answer
+    still lists Produce 0-13 although its definition says 3-13, because older
+    librdkafka turns compression off unless Produce v0 is advertised
+    (KAFKA-18659); the broker rejects Produce 0-2 all the same.
+
+    APIs whose new definition has no versions (LeaderAndIsr, StopReplica,
+    UpdateMetadata, ControlledShutdown: inter-broker, ZooKeeper mode only) lose
+    all their versions; they went with ZooKeeper in 4.0. A version the old line
+    marks unstable (``latestVersionUnstable``: the early-access share-group v0
+    of 3.9) was never released, so it was never removed either. The new line
+    decides what stays: JoinGroup 0-1, dropped in 4.0.0 and restored in 4.0.1
+    (KAFKA-19444), is not in the table.
+    """
+    removed = {}
+    for (api_key, kind), old_spec in sorted(old_defs.items()):
+        if kind != "request":
+            continue
+        stable = set(valid_range(old_spec["validVersions"]))
+        if old_spec.get("latestVersionUnstable") and stable:
+            stable.discard(max(stable))
+        new_spec = new_defs.get((api_key, kind))
+        kept = set(valid_range(new_spec["validVersions"])) if new_spec else set()
+        gone = frozenset(stable - kept)
+        if gone:
+            removed[api_key] = span(gone, f"{old_spec['name']} removed versions")
+    return removed
+
+
+
 def span(versions: frozenset[int], where: str) -> tuple[int, int] | None:
     if not versions:
         return None
@@ -339,6 +373,9 @@ A field is
 where versions are inclusive (lo, hi) pairs or None, type is a primitive name,
 "[]" + element type, or a key of the message's structs table (a struct's
 fields, same row format). ERRORS maps error code -> (NAME, retriable).
+REMOVED_VERSIONS maps api key -> (lo, hi): the request versions {old}
+defines and {new} does not, i.e. what Kafka 4.0 removed (KIP-896); kproxy
+still decodes them, a 4.x broker rejects them.
 """
 
 SOURCE_VERSIONS = {sources!r}
@@ -371,6 +408,12 @@ def generate() -> str:
         out += render_message(request, "request") + render_message(response, "response") + "    ),\n"
     out += "}\n\nERRORS = {\n"
     out += "".join(f"    {code}: {entry!r},\n" for code, entry in errors.items())
+    out += "}\n\n"
+    out += ("# From the definitions, not from ApiVersions: a 4.x broker advertises Produce 0-13\n"
+            "# (KAFKA-18659, for old librdkafka) yet rejects Produce 0-2.\n")
+    out += "REMOVED_VERSIONS = {\n"
+    out += "".join(f"    {api_key}: {versions!r},\n"
+                   for api_key, versions in removed_request_versions(old_defs, new_defs).items())
     return out + "}\n"
 
 

@@ -13,6 +13,8 @@ forwards bytes out; this package only interprets them.
   unknown API keys/versions give an ``OpaqueBody`` that re-encodes unchanged.
 - Re-encoding a decoded frame gives the same bytes.
 - ``DecodeError`` is the only exception decoding raises, whatever the input.
+- ``is_removed(api_key, version)`` / ``removed_versions(api_key)``: request
+  versions Kafka 4.0 removed (KIP-896), still decoded here, rejected by 4.x.
 - ``records`` decodes record batches on demand; ``connection`` pairs requests
   and responses on a byte stream.
 """
@@ -22,11 +24,12 @@ from .errors import DecodeError
 from .messages import (OpaqueBody, Request, Response, decode_request, decode_response,
                        encode_request, encode_response, new_body)
 from .schema import (API_KEYS, API_NAMES, SCHEMA_SOURCES, api_name, error_name, is_known,
-                     request_header_version, response_header_version, version_range)
+                     is_removed, removed_versions, request_header_version,
+                     response_header_version, version_range)
 
 __all__ = [
     "API_KEYS", "API_NAMES", "DecodeError", "OpaqueBody", "Request", "Response",
     "SCHEMA_SOURCES", "Struct", "Uuid", "api_name", "decode_request", "decode_response",
-    "encode_request", "encode_response", "error_name", "is_known", "new_body",
-    "request_header_version", "response_header_version", "version_range",
+    "encode_request", "encode_response", "error_name", "is_known", "is_removed", "new_body",
+    "removed_versions", "request_header_version", "response_header_version", "version_range",
 ]

@@ -9,6 +9,9 @@ A field is
 where versions are inclusive (lo, hi) pairs or None, type is a primitive name,
 "[]" + element type, or a key of the message's structs table (a struct's
 fields, same row format). ERRORS maps error code -> (NAME, retriable).
+REMOVED_VERSIONS maps api key -> (lo, hi): the request versions 3.9.2
+defines and 4.4.0 does not, i.e. what Kafka 4.0 removed (KIP-896); kproxy
+still decodes them, a 4.x broker rejects them.
 """
 
 SOURCE_VERSIONS = ('3.9.2', '4.4.0')
@@ -4162,4 +4165,33 @@ ERRORS = {
     134: ('GROUP_DELETION_FAILED', False),
     135: ('STREAMS_TOPOLOGY_DESCRIPTION_UPDATE_FAILED', False),
     136: ('CONTROLLER_ID_NOT_REGISTERED', False),
+}
+
+# From the definitions, not from ApiVersions: a 4.x broker advertises Produce 0-13
+# (KAFKA-18659, for old librdkafka) yet rejects Produce 0-2.
+REMOVED_VERSIONS = {
+    0: (0, 2),
+    1: (0, 3),
+    2: (0, 0),
+    4: (0, 7),
+    5: (0, 4),
+    6: (0, 8),
+    7: (0, 3),
+    8: (0, 1),
+    9: (0, 0),
+    19: (0, 1),
+    20: (0, 0),
+    23: (0, 1),
+    27: (0, 0),
+    29: (0, 0),
+    30: (0, 0),
+    31: (0, 0),
+    32: (0, 0),
+    34: (0, 0),
+    35: (0, 0),
+    38: (0, 0),
+    39: (0, 0),
+    40: (0, 0),
+    41: (0, 0),
+    56: (0, 1),
 }

@@ -62,6 +62,7 @@ API_KEYS: dict[str, int] = {name: key for key, name in API_NAMES.items()}
 ERROR_NAMES: dict[int, str] = {code: name for code, (name, _) in _schema.ERRORS.items()}
 RETRIABLE_ERRORS: frozenset[int] = frozenset(c for c, (_, r) in _schema.ERRORS.items() if r)
 SCHEMA_SOURCES: tuple[str, ...] = _schema.SOURCE_VERSIONS
+REMOVED_VERSIONS: dict[int, tuple[int, int]] = _schema.REMOVED_VERSIONS
 
 
 def api_name(api_key: int) -> str:
@@ -83,6 +84,26 @@ def version_range(api_key: int) -> tuple[int, int] | None:
 def is_known(api_key: int, api_version: int) -> bool:
     spec = REQUESTS.get(api_key)
     return spec is not None and spec.has_version(api_version)
+
+
+def removed_versions(api_key: int) -> tuple[int, int] | None:
+    """The request versions of an API that Kafka 4.0 removed, as (lo, hi); None if none were.
+
+    "Removed" means gone since Kafka 4.0 (KIP-896, plus the ZooKeeper-only
+    inter-broker APIs): a 4.x broker rejects such a request although older
+    brokers accept it, so a client sending one must upgrade before the cluster
+    does. kproxy still decodes these versions. Derived by the generator from
+    the definitions of the two Kafka lines in ``SCHEMA_SOURCES``, not from what
+    a broker advertises: 4.x lists Produce 0-13 in ApiVersions (KAFKA-18659)
+    yet rejects 0-2.
+    """
+    return REMOVED_VERSIONS.get(api_key)
+
+
+def is_removed(api_key: int, api_version: int) -> bool:
+    """Whether a 4.x broker rejects this request version because Kafka 4.0 removed it."""
+    removed = REMOVED_VERSIONS.get(api_key)
+    return removed is not None and removed[0] <= api_version <= removed[1]
 
 
 def request_header_version(api_key: int, api_version: int) -> int | None:
