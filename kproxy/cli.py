@@ -135,6 +135,7 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--connect-timeout": ("connect_timeout", "seconds to reach a broker before giving up"),
     "--shutdown-timeout": ("shutdown_timeout", "seconds in-flight requests get on SIGTERM"),
     "--log-level": ("log_level", "DEBUG, INFO, WARNING or ERROR"),
+    "--instance-name": ("instance_name", "this kproxy's name in capture rows (default: host name)"),
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,9 @@ class Config:
     # defaults for captures started through the admin listener, and for capture_autostart.
     capture: Mapping[str, Any] | None = None
     capture_autostart: bool = False
+    # This kproxy's name in capture rows (proxy_instance), so captures merged from many
+    # sidecars stay apart; the host name (a pod's name in Kubernetes) unless set.
+    instance_name: str = field(default_factory=socket.gethostname)
 
     @property
     def port_base(self) -> int:
@@ -118,6 +122,7 @@ _SCALARS: dict[str, type] = {
     "idle_timeout": float, "connect_timeout": float, "shutdown_timeout": float,
     "cap_api_versions": bool, "log_level": str, "metrics_client_id_label": bool,
     "metrics_topic_label": bool, "metrics_label_cap": int, "capture_autostart": bool,
+    "instance_name": str,
 }
 _KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "broker_port_map",
                           "tls_server", "tls_client", "capture"}
@@ -279,6 +284,8 @@ def _validate(c: Config) -> None:
     for key in ("idle_timeout", "connect_timeout", "shutdown_timeout"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}: must not be negative, got {getattr(c, key)}")
+    if not c.instance_name.strip():
+        raise ConfigError("instance_name: must not be empty")
     if c.capture_autostart and c.capture is None:
         raise ConfigError("capture_autostart: needs a capture table (at least its directory)")
     if c.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -68,7 +68,7 @@ def _json(status: int, payload: dict) -> tuple[int, str, bytes]:
 class Runtime:
     def __init__(self, config: Config, observers: Iterable[Observer] = ()):
         self.config = config
-        self.capture = Capture()
+        self.capture = Capture(instance_name=config.instance_name)
         self.metrics = Metrics(client_id_label=config.metrics_client_id_label,
                                topic_label=config.metrics_topic_label,
                                label_cap=config.metrics_label_cap, capture=self.capture,

@@ -1,5 +1,6 @@
 """Configuration: precedence, file formats, and one clear line per bad key."""
 
+import socket
 import subprocess
 import sys
 
@@ -41,6 +42,7 @@ def test_yaml_file_with_sidecar_template(tmp_path):
     ({"upstream": "h:1", "listen": "127.0.0.1:0"}, "broker_port_base: required"),
     ({"upstream": "h:1", "cap_api_versions": "maybe"}, "cap_api_versions: expected true or false"),
     ({"upstream": "h:1", "colour": "blue"}, "colour: unknown setting"),
+    ({"upstream": "h:1", "instance_name": " "}, "instance_name: must not be empty"),
     ({"upstream": "h:1", "tls_server": {"cert_file": "/nope.pem", "key_file": "/nope.key"}},
      "tls_server.cert_file: no such file"),
 ])
@@ -56,3 +58,17 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["kproxy: config error: idle_timeout: must not be negative, got -3.0"]
+
+
+def test_instance_name_defaults_to_the_host_name_and_reaches_capture():
+    from kproxy.cli import RUN_FLAGS
+    from kproxy.runtime import Runtime
+
+    assert cfg.build({"upstream": "h:1"}).instance_name == socket.gethostname()
+    c = cfg.load(environ={"KPROXY_UPSTREAM": "h:1", "KPROXY_INSTANCE_NAME": "sidecar-from-env"})
+    assert c.instance_name == "sidecar-from-env"
+    c = cfg.load(environ={"KPROXY_UPSTREAM": "h:1", "KPROXY_INSTANCE_NAME": "sidecar-from-env"},
+                 overrides={"instance_name": "sidecar-from-flag"})
+    assert c.instance_name == "sidecar-from-flag"
+    assert RUN_FLAGS["--instance-name"][0] == "instance_name"
+    assert Runtime(c).capture.instance_name == "sidecar-from-flag"

@@ -50,6 +50,7 @@ class ConnectionInfo:
     listener: str                 # "bootstrap" or "broker-<node id>"
     upstream: HostPort
     node_id: int | None           # upstream node, when the listener is a broker's
+    opened: float | None = None   # wall clock (time.time()) when kproxy accepted the client
 
 
 @dataclass
@@ -71,6 +72,9 @@ class RelayPolicy:
 class Relay:
     """Live state of one proxied connection (for limits, idle reaping and shutdown)."""
     info: ConnectionInfo | None = None
+    # Wall clock when the client was accepted (after its TLS handshake, if any): the
+    # handler that accepts a client makes its Relay at once.
+    opened: float = field(default_factory=time.time)
     tracker: Connection | None = None
     last_active: float = field(default_factory=time.monotonic)
     task: asyncio.Task | None = None
@@ -212,7 +216,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_wri
         client_writer.close()
         return
     relay.writers.append(broker_writer)
-    relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id)
+    relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened)
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
                                transform=policy.transform)
     for w in (client_writer, broker_writer):

@@ -43,10 +43,10 @@ class Link:
     """One proxied connection: a tracker, its ConnectionInfo, events fed to the observers."""
 
     def __init__(self, *observers, conn_id=1, client=("127.0.0.1", 40001),
-                 upstream=("127.0.0.1", 9092), node_id=None):
+                 upstream=("127.0.0.1", 9092), node_id=None, opened=None):
         self.observers = observers
         self.info = ConnectionInfo(conn_id, client, "bootstrap" if node_id is None else f"broker-{node_id}",
-                                   upstream, node_id)
+                                   upstream, node_id, opened)
         self.conn = Connection()
         self.pairs = 0            # request/response pairs completed (incl. acks=0 requests)
 
@@ -271,7 +271,8 @@ def test_one_row_per_pair_in_jsonl_and_parquet(capture, tmp_path):
     assert table.schema.equals(SCHEMA, check_metadata=False)
     assert table.schema.field("time").type == pa.timestamp("us", tz="UTC")
     meta = pq.read_metadata(files(tmp_path, "parquet")[0]).metadata
-    assert meta[b"kproxy.capture.schema_version"] == b"1"
+    assert meta[b"kproxy.capture.schema_version"] == b"2"
+    assert set(table.column("capture_version").to_pylist()) == {2} and {r["capture_version"] for r in rows} == {2}
     assert pq.ParquetFile(files(tmp_path, "parquet")[0]).metadata.row_group(0).column(0).compression == "ZSTD"
     prow = {r["correlation_id"]: r for r in table.to_pylist()}[3]
     assert prow["errors"] == ["NOT_LEADER_OR_FOLLOWER"] and prow["record_count"] == 7

@@ -1,12 +1,15 @@
-"""Capture live traffic: kafka-python → kproxy (Capture as an observer) → Apache Kafka.
+"""Capture live traffic: real clients → kproxy (Capture as an observer) → Apache Kafka.
 
 Every request/response pair the proxy saw is one JSONL row and one Parquet
 row, and tshark reads the pcapng back with the same correlation ids, API
-keys and (for the versions it dissects) topic names.
+keys and (for the versions it dissects) topic names. A confluent-kafka
+consumer group (classic and KIP-848) fills the schema version 2 columns.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 import pytest
@@ -92,6 +95,8 @@ def test_capture_real_client_traffic(kafka_cluster, tmp_path):
     produced = sum(r["record_count"] or 0 for r in rows if r["api_name"] == "Produce")
     assert produced == 55
     assert all(r["decode_error"] is None for r in rows)
+    assert {r["proxy_instance"] for r in rows} == {capture.instance_name}
+    assert all(r["connection_start"] is not None and r["connection_start"] <= r["time"] for r in rows)
 
     # tshark: every request (a consumer's last long-poll Fetch included) and every response.
     broker_ports = {n.port for n in nodes}
@@ -130,3 +135,89 @@ def test_capture_real_client_traffic(kafka_cluster, tmp_path):
         assert topics_by_pdu[(r["client_port"], r["correlation_id"])] == names == {topic}
         checked += 1
     assert checked >= 3
+
+
+def _poll_until(consumer, done, timeout_s=60.0):
+    got = []
+    deadline = time.monotonic() + timeout_s
+    while not done(got) and time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is not None and not msg.error():
+            got.append(msg.value())
+    return got
+
+
+def test_capture_v2_columns_from_real_consumer_groups(kafka_cluster, tmp_path):
+    """librdkafka through kproxy: a classic group (JoinGroup/SyncGroup/Heartbeat/OffsetCommit)
+    and a KIP-848 group (ConsumerGroupHeartbeat); the instance name comes from the config."""
+    import confluent_kafka
+    from confluent_kafka import Consumer, Producer
+
+    heartbeats = threading.Event()
+
+    def watch(info, events):
+        if any(isinstance(e, ResponseReceived) and e.api_key == 12 for e in events):    # Heartbeat
+            heartbeats.set()
+
+    nodes = kafka_cluster.nodes
+    ports = free_ports(len(nodes))
+    topic = f"cap2-{uuid.uuid4().hex[:8]}"
+    classic, kip848 = f"classic-{topic}", f"kip848-{topic}"
+    with ProxyThread(observers=[watch], upstream=kafka_cluster.bootstrap_servers, instance_name="cap-live-7",
+                     broker_port_rule="map", broker_port_map={n.node_id: p for n, p in zip(nodes, ports)}) as proxy:
+        capture = proxy.runtime.capture
+        capture.start(CaptureConfig(directory=str(tmp_path), formats=("jsonl", "parquet")))
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, "client.id": "v2-producer"})
+        for i in range(10):
+            producer.produce(topic, value=b"v%d" % i)
+        assert producer.flush(30) == 0
+        common = {"bootstrap.servers": proxy.bootstrap, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False}
+        consumer = Consumer({**common, "group.id": classic, "client.id": "v2-classic",
+                             "session.timeout.ms": 6000, "heartbeat.interval.ms": 200})
+        consumer.subscribe([topic])
+        got = _poll_until(consumer, lambda got: len(got) >= 10 and heartbeats.is_set())
+        consumer.commit(asynchronous=False)
+        consumer.close()
+        assert len(got) == 10 and heartbeats.is_set()
+        consumer = Consumer({**common, "group.id": kip848, "client.id": "v2-kip848", "group.protocol": "consumer"})
+        consumer.subscribe([topic])
+        assert len(_poll_until(consumer, lambda got: len(got) >= 10)) == 10
+        consumer.commit(asynchronous=False)
+        consumer.close()
+        status = capture.stop()
+    assert status["counters"]["dropped"] == 0 and status["counters"]["row_errors"] == 0
+
+    rows = read_jsonl(tmp_path)
+    table = read_parquet(tmp_path).to_pylist()
+    assert len(rows) == len(table) > 20
+    assert {r["proxy_instance"] for r in rows} == {"cap-live-7"} == {r["proxy_instance"] for r in table}
+    assert all(r["connection_start"] is not None and r["connection_start"] <= r["time"] for r in table)
+    # What librdkafka sends in ApiVersions v3+, as the library itself reports its versions.
+    software = ("confluent-kafka-python",
+                f"{confluent_kafka.__version__}-rdkafka-{confluent_kafka.libversion()[0]}")
+    ours = [r for r in rows if r["client_id"] in ("v2-producer", "v2-classic", "v2-kip848")]
+    assert {r["client_id"] for r in ours} == {"v2-producer", "v2-classic", "v2-kip848"}
+    assert {(r["client_software_name"], r["client_software_version"]) for r in ours} == {software}
+    assert any(r["api_name"] == "ApiVersions" and r["api_version"] >= 3 for r in ours)
+
+    # Classic group: the member id and generation of the JoinGroup that succeeded are on
+    # every later SyncGroup, Heartbeat and OffsetCommit of that member.
+    group_rows = [r for r in table if r["group_id"] == classic]
+    joined = [r for r in group_rows if r["api_name"] == "JoinGroup" and not r["errors"]]
+    assert len(joined) == 1 and joined[0]["generation"] >= 1 and joined[0]["member_id"]
+    member, generation = joined[0]["member_id"], joined[0]["generation"]
+    for api in ("SyncGroup", "Heartbeat", "OffsetCommit"):
+        answered = [r for r in group_rows if r["api_name"] == api and r["outcome"] == "response"]
+        assert answered, api
+        assert {(r["member_id"], r["generation"]) for r in answered} == {(member, generation)}, api
+    assert any(r["api_name"] == "OffsetFetch" for r in group_rows)
+    assert any(r["api_name"] == "LeaveGroup" and r["member_id"] == member for r in group_rows)
+
+    # KIP-848 group: one member id; epochs from the broker's answers, at least 1 once joined.
+    beats = [r for r in table if r["api_name"] == "ConsumerGroupHeartbeat" and r["outcome"] == "response"]
+    assert beats and {r["group_id"] for r in beats} == {kip848}
+    assert len({r["member_id"] for r in beats}) == 1 and None not in {r["member_id"] for r in beats}
+    assert max(r["generation"] or 0 for r in beats) >= 1
+    commits = [r for r in table if r["api_name"] == "OffsetCommit" and r["group_id"] == kip848]
+    assert commits and {r["member_id"] for r in commits} == {beats[0]["member_id"]}

@@ -2,7 +2,7 @@
 
 ::
 
-    capture = Capture()
+    capture = Capture(instance_name="kproxy-a")   # proxy_instance of every row (default: host name)
     proxy observers: [..., capture]              # capture(info, events) on the event loop
     relay on close:  capture.connection_closed(info, in_flight=relay.in_flight)
     capture.start(CaptureConfig(directory="/var/lib/kproxy/capture", formats=("jsonl", "parquet")))
@@ -16,10 +16,10 @@ all. Each is written by one thread only.
 
 from __future__ import annotations
 
+import socket
 import threading
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
-from typing import NamedTuple
 from .config import CaptureConfig
 from .session import Session
 from .summary import SCHEMA_VERSION, iso_utc
@@ -48,6 +48,7 @@ class _Info(NamedTuple):
     listener: str
     upstream: tuple[str, int]
     node_id: int | None
+    opened: float | None = None     # wall clock when the connection was accepted
 
 
 _UNKNOWN = _Info(0, ("0.0.0.0", 0), "unknown", ("0.0.0.0", 0), None)
@@ -60,7 +61,9 @@ class CaptureError(RuntimeError):
 class Capture:
     """Traffic capture observer. Idle until ``start``; safe to leave in the observer list."""
 
-    def __init__(self) -> None:
+    def __init__(self, instance_name: str | None = None) -> None:
+        # Written into every row, so captures merged from many kproxies stay apart.
+        self.instance_name = instance_name or socket.gethostname()
         for name in COUNTERS:
             setattr(self, name, 0)
         self._session: Session | None = None
@@ -121,7 +124,7 @@ class Capture:
         """JSON-able state for the admin listener."""
         session = self._session
         out: dict[str, Any] = {"state": "off", "active": False, "schema_version": SCHEMA_VERSION,
-                               "counters": self.counters()}
+                               "instance_name": self.instance_name, "counters": self.counters()}
         if session is None:
             return out
         running = session.active and session.writer.is_alive()

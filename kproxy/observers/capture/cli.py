@@ -8,7 +8,8 @@
 
 A directory means every capture file in it of one format, oldest first:
 JSONL if there is any (it has the bodies ``--verbose`` prints), else
-Parquet. ``.jsonl.gz`` files are read too.
+Parquet. ``.jsonl.gz`` files are read too. Files of every schema version
+are read (a column a file does not have is absent from its rows).
 
 Wiring: ``add_arguments(subparsers)`` registers the ``capture`` command and
 sets ``func`` on the parsed arguments; ``kproxy/cli.py`` then runs
@@ -46,17 +47,21 @@ def capture_files(path: str, fmt: str | None = None) -> list[str]:
     return jsonl
 
 
+_TIMESTAMP_COLUMNS = ("time", "connection_start")
+
+
 def read_rows(path: str, fmt: str | None = None) -> Iterator[dict]:
-    """Rows of a capture, whatever the format; ``time`` as an ISO string in both."""
+    """Rows of a capture, whatever the format; timestamps as ISO strings in both."""
     for name in capture_files(path, fmt):
         if name.endswith(".parquet"):
             import pyarrow.parquet as pq
 
             for batch in pq.ParquetFile(name).iter_batches(batch_size=10_000):
                 for row in batch.to_pylist():
-                    t = row.get("time")
-                    if t is not None:
-                        row["time"] = iso_utc(t.timestamp())
+                    for column in _TIMESTAMP_COLUMNS:
+                        t = row.get(column)
+                        if t is not None:
+                            row[column] = iso_utc(t.timestamp())
                     yield row
         else:
             opener = gzip.open if name.endswith(".gz") else open
@@ -97,6 +102,8 @@ def format_row(row: dict) -> str:
         f"resp={resp:>8}B" if resp is not None else "resp=       -",
         f"client={row.get('client_id') or '-'}",
     ]
+    if row.get("group_id") is not None:
+        parts.append(f"group={row['group_id']}")
     if row.get("topics"):
         topics = row["topics"]
         parts.append("topics=" + ",".join(topics[:5]) + (f",+{len(topics) - 5}" if len(topics) > 5 else ""))
@@ -149,7 +156,10 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
     clients: Counter = Counter()
     topics: Counter = Counter()
     outcomes: Counter = Counter()
-    connections = set()
+    connections = set()                 # (proxy_instance, connection_id): ids are per kproxy process
+    software: dict[tuple, tuple] = {}   # connection -> (client_software_name, client_software_version)
+    connection_clients: dict[tuple, set] = defaultdict(set)
+    has_software = False                # schema version 2+ rows seen
     first = last = None
     total = request_bytes = response_bytes = 0
     for row in rows:
@@ -169,7 +179,15 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
         for t in row.get("topics") or ():
             topics[t] += 1
         outcomes[row.get("outcome", "?")] += 1
-        connections.add(row.get("connection_id"))
+        connection = (row.get("proxy_instance"), row.get("connection_id"))
+        connections.add(connection)
+        if "client_software_name" in row:
+            has_software = True
+            name, version = row["client_software_name"], row.get("client_software_version")
+            if (name or version) and connection not in software:
+                software[connection] = (name, version)
+        if row.get("client_id"):
+            connection_clients[connection].add(row["client_id"])
         t = row.get("time")
         if t is not None:
             first = t if first is None or t < first else first
@@ -182,7 +200,27 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
     return {"pairs": total, "connections": len(connections), "first": first, "last": last,
             "request_bytes": request_bytes, "response_bytes": response_bytes, "apis": per_api,
             "errors": dict(errors.most_common()), "outcomes": dict(outcomes.most_common()),
-            "top_clients": clients.most_common(top), "top_topics": topics.most_common(top)}
+            "top_clients": clients.most_common(top), "top_topics": topics.most_common(top),
+            "client_software": (_software_inventory(connections, software, connection_clients)
+                                if has_software else None)}
+
+
+def _software_inventory(connections, software, connection_clients) -> list[dict[str, Any]]:
+    """Connections and client_ids per client software (name, version), most connections first."""
+    inventory: dict[tuple, dict[str, Any]] = {}
+    for connection in connections:
+        name, version = software.get(connection, (None, None))
+        entry = inventory.setdefault((name, version), {"name": name, "version": version, "connections": 0,
+                                                       "client_ids": set()})
+        entry["connections"] += 1
+        entry["client_ids"] |= connection_clients.get(connection, set())
+    out = sorted(inventory.values(), key=lambda e: (-e["connections"], e["name"] or "", e["version"] or ""))
+    for entry in out:
+        entry["client_ids"] = sorted(entry["client_ids"])
+    return out
+
+
+_LISTED_CLIENT_IDS = 5      # per software line; the rest are counted
 
 
 def _ms(value: float | None) -> str:
@@ -212,6 +250,15 @@ def stats(path: str, *, top: int = 10, fmt: str | None = None, out: TextIO | Non
         print("top topics:", file=out)
         for name, count in s["top_topics"]:
             print(f"  {name:<40}{count:>8}", file=out)
+    if s["client_software"]:
+        print("client software (ApiVersions v3+):", file=out)
+        print(f"  {'name':<28}{'version':<24}{'connections':>12}  client_ids", file=out)
+        for entry in s["client_software"][:top]:
+            ids = entry["client_ids"]
+            listed = ", ".join(ids[:_LISTED_CLIENT_IDS]) + (f", +{len(ids) - _LISTED_CLIENT_IDS}"
+                                                            if len(ids) > _LISTED_CLIENT_IDS else "")
+            print(f"  {entry['name'] or '(unknown)':<28}{entry['version'] or '-':<24}"
+                  f"{entry['connections']:>12}  {listed or '-'}", file=out)
     return s
 
 
@@ -232,9 +279,10 @@ def add_arguments(subparsers) -> argparse.ArgumentParser:
     show_p.add_argument("--verbose", "-v", action="store_true", help="print decoded bodies (JSONL)")
     show_p.add_argument("--format", choices=("jsonl", "parquet"), help="which files of a directory")
     show_p.set_defaults(func=_run_show)
-    stats_p = sub.add_parser("stats", help="pairs, latency p50/p99, bytes and errors per API")
+    stats_p = sub.add_parser("stats", help="pairs, latency p50/p99, bytes and errors per API; "
+                                             "client software inventory")
     stats_p.add_argument("path", help="a capture file or a capture directory")
-    stats_p.add_argument("--top", type=int, default=10, help="how many clients / topics to list")
+    stats_p.add_argument("--top", type=int, default=10, help="how many clients / topics / software to list")
     stats_p.add_argument("--format", choices=("jsonl", "parquet"), help="which files of a directory")
     stats_p.set_defaults(func=_run_stats)
     return capture

@@ -1,7 +1,7 @@
 """JSON Lines capture: one object per request/response pair, bodies included.
 
-Each line holds the summary columns of ``SCHEMA.md`` (``time`` as an ISO
-8601 UTC string with microseconds) plus ``request`` and ``response``: the
+Each line holds the summary columns of ``SCHEMA.md`` (``time`` and
+``connection_start`` as ISO 8601 UTC strings with microseconds) plus ``request`` and ``response``: the
 decoded bodies with bytes as base64, UUIDs as Kafka prints them, secrets as
 ``"<redacted N bytes>"`` and ``records`` fields as a per-partition summary
 (``batches``, ``records``, ``bytes``, ``codecs``; with record data enabled,
@@ -26,6 +26,8 @@ class JsonlSink(RotatingSink):
     def write(self, row: dict) -> None:
         out = dict(row)
         out["time"] = iso_utc(row["time"])
+        if row["connection_start"] is not None:
+            out["connection_start"] = iso_utc(row["connection_start"])
         line = (json.dumps(out, ensure_ascii=True, separators=(",", ":"), default=str) + "\n").encode()
         self.before_write(len(line))
         self.file.write(line)

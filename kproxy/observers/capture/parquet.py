@@ -1,45 +1,56 @@
 """Parquet capture: the summary columns of every request/response pair, zstd, in row groups.
 
-Schema version 1 (``SCHEMA_VERSION``; also in each file's key-value metadata
+Schema version 2 (``SCHEMA_VERSION``; also in each file's key-value metadata
 as ``kproxy.capture.schema_version`` and in the ``capture_version`` column).
 Bodies are not stored (use JSONL for those). Timestamps are microseconds,
 UTC (Spark rejects nanoseconds). A new schema version only ever adds
-columns, so readers of version N read version N+1 files.
+nullable columns at the end and never changes an existing one, so readers
+of version N read version N+1 files; a version 1 file simply lacks the
+columns marked (v2), which a reader takes as null.
 
-==================  ==============================================  =========================================
-column              type                                            meaning
-==================  ==============================================  =========================================
-capture_version     int16                                           schema version of this row (1)
-time                timestamp[us, tz=UTC]                           when the request was complete at kproxy
-connection_id       int64                                           kproxy's connection id (per process)
-client_host         string                                          client address as kproxy saw it
-client_port         int32
-listener            string                                          "bootstrap" or "broker-<node id>"
-upstream_host       string                                          broker address kproxy connected to
-upstream_port       int32
-node_id             int32, null                                     upstream node id, if known
-client_id           string, null                                    request header client_id
-api_key             int16
-api_name            string                                          Kafka's name, e.g. "Produce"
-api_version         int16
-correlation_id      int32
-outcome             string                                          response / no_response (acks=0) / unanswered
-latency_ms          float64, null                                   request complete → response complete
-request_size        int32                                           request frame bytes incl. size prefix
-response_size       int32, null                                     response frame bytes incl. size prefix
-throttle_ms         int32, null                                     response throttle_time_ms, if it has one
-error_count         int32                                           non-zero error codes in the response
-errors              list<string>                                    distinct error names, in order seen
-topics              list<string>                                    topics named by request or response
-partition_count     int32                                           distinct topic-partitions named
-record_count        int64, null                                     records (batch headers); null: no records field
-record_bytes        int64, null                                     record batch bytes
-batch_count         int32, null                                     record batches
-compression         list<string>                                    codecs of those batches
-topic_records       list<struct<topic: string, record_count: int64,  per-topic records and bytes
-                    record_bytes: int64>>, null
-decode_error        string, null                                    why a frame could not be decoded
-==================  ==============================================  =========================================
+=======================  ================================  ===============================================
+column                   type                              meaning
+=======================  ================================  ===============================================
+capture_version          int16                             schema version of this row (2)
+time                     timestamp[us, tz=UTC]             when the request was complete at kproxy
+connection_id            int64                             kproxy's connection id (per process)
+client_host              string                            client address as kproxy saw it
+client_port              int32
+listener                 string                            "bootstrap" or "broker-<node id>"
+upstream_host            string                            broker address kproxy connected to
+upstream_port            int32
+node_id                  int32, null                       upstream node id, if known
+client_id                string, null                      request header client_id
+api_key                  int16
+api_name                 string                            Kafka's name, e.g. "Produce"
+api_version              int16
+correlation_id           int32
+outcome                  string                            response / no_response (acks=0) / unanswered
+latency_ms               float64, null                     request complete → response complete
+request_size             int32                             request frame bytes incl. size prefix
+response_size            int32, null                       response frame bytes incl. size prefix
+throttle_ms              int32, null                       response throttle_time_ms, if it has one
+error_count              int32                             non-zero error codes in the response
+errors                   list<string>                      distinct error names, in order seen
+topics                   list<string>                      topics named by request or response
+partition_count          int32                             distinct topic-partitions named
+record_count             int64, null                       records (batch headers); null: no records field
+record_bytes             int64, null                       record batch bytes
+batch_count              int32, null                       record batches
+compression              list<string>                      codecs of those batches
+topic_records            list<struct<topic: string,        per-topic records and bytes
+                         record_count: int64,
+                         record_bytes: int64>>, null
+decode_error             string, null                      why a frame could not be decoded
+proxy_instance           string, null (v2)                 kproxy's instance_name (default: host name)
+connection_start         timestamp[us, tz=UTC], null (v2)  when kproxy accepted the client connection
+client_software_name     string, null (v2)                 from the connection's ApiVersions v3+ request,
+                                                           on that row and every later one
+client_software_version  string, null (v2)                 (same)
+group_id                 string, null (v2)                 group APIs: the group (first of a batch)
+member_id                string, null (v2)                 the member the broker knows
+generation               int32, null (v2)                  generation / KIP-848 member epoch
+=======================  ================================  ===============================================
 """
 
 from __future__ import annotations
@@ -87,11 +98,20 @@ SCHEMA = pa.schema([
     ("compression", pa.list_(pa.string())),
     ("topic_records", pa.list_(_TOPIC_RECORDS)),
     ("decode_error", pa.string()),
+    # version 2
+    ("proxy_instance", pa.string()),
+    ("connection_start", pa.timestamp("us", tz="UTC")),
+    ("client_software_name", pa.string()),
+    ("client_software_version", pa.string()),
+    ("group_id", pa.string()),
+    ("member_id", pa.string()),
+    ("generation", pa.int32()),
 ], metadata={b"kproxy.capture.schema_version": str(SCHEMA_VERSION).encode()})
 
 COLUMNS = tuple(SCHEMA.names)
 _STRING_COLUMNS = ("client_host", "listener", "upstream_host", "client_id", "api_name", "outcome",
-                   "decode_error")
+                   "decode_error", "proxy_instance", "client_software_name", "client_software_version",
+                   "group_id", "member_id")
 
 
 def _text(value):
@@ -151,6 +171,8 @@ class ParquetSink(RotatingSink):
         pending, self.pending = self.pending, 0
         try:
             columns["time"] = [int(round(t * 1_000_000)) for t in columns["time"]]
+            columns["connection_start"] = [None if t is None else int(round(t * 1_000_000))
+                                           for t in columns["connection_start"]]
             for name in _STRING_COLUMNS:
                 columns[name] = [_text(v) for v in columns[name]]
             columns["topics"] = [[_text(t) for t in topics] for topics in columns["topics"]]

@@ -20,6 +20,8 @@ from .config import CaptureConfig
 from .writer import STOP, Writer
 
 _METADATA = 3
+_API_VERSIONS = 18
+_FIRST_SOFTWARE_VERSION = 3     # ApiVersions v3+ requests name the client software
 _ITEM_OVERHEAD = 200            # bytes charged per queued item besides its frames
 
 
@@ -38,6 +40,9 @@ class Session:
         # otherwise a pair travels as its response (which holds the request).
         self.want_requests = self.pcap or config.record_unanswered
         self.learn_metadata = self.filter.has_topics
+        # A connection's client software fills all its rows, so its ApiVersions pair is
+        # read even when a filter (APIs, sampling) leaves that pair's own row out.
+        self.learn_software = "jsonl" in config.formats or "parquet" in config.formats
         self.connection_ok: dict[int, bool] = {}
         self.seen: set[int] = set()                  # connections with something queued
         self.wall_offset = time.time() - time.monotonic()
@@ -103,6 +108,11 @@ class Session:
                     self._put("resp", info, event, None, event.size + request.size + _ITEM_OVERHEAD)
                 elif self.learn_metadata and request.api_key == _METADATA:
                     self._put("learn", info, event, None, event.size + request.size + _ITEM_OVERHEAD)
+                    capture.filtered += 1
+                elif (self.learn_software and request.api_key == _API_VERSIONS
+                      and request.api_version >= _FIRST_SOFTWARE_VERSION):
+                    self._put("learn", info, event, None, event.size + request.size + _ITEM_OVERHEAD)
+                    capture.filtered += 1
                 else:
                     capture.filtered += 1
             elif cls is RequestReceived:

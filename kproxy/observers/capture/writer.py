@@ -17,7 +17,9 @@ kind      payload               meaning
 "sasl"    SaslTokenPassed       a raw SASL token's size (pcapng placeholder)
 "bad"     MalformedFrame        a frame that breaks framing (pcapng only)
 "learn"   ResponseReceived      a Metadata response outside the filter, read
-                                only to learn topic ids for the topic filter
+                                only to learn topic ids for the topic filter,
+                                or an ApiVersions pair outside it, read only
+                                for the connection's client software
 "close"   monotonic time        the connection closed; extra = in-flight count
 ========  ====================  ============================================
 
@@ -40,8 +42,8 @@ from .jsonl import JsonlSink
 from .parquet import ParquetSink
 from .pcapng import PcapngSink
 from .redact import scrub_frame
-from .summary import (OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, OUTCOME_UNANSWERED, Facts,
-                      body_facts, build_row)
+from .summary import (API_VERSIONS, OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, OUTCOME_UNANSWERED,
+                      Facts, body_facts, build_row, pair_fields)
 
 log = logging.getLogger("kproxy.capture")
 
@@ -56,11 +58,14 @@ STOP = object()
 
 
 class _Conn:
-    __slots__ = ("info", "pending")
+    __slots__ = ("info", "pending", "software")
 
     def __init__(self, info):
         self.info = info
         self.pending: deque = deque()        # (RequestReceived, written to pcapng?)
+        # (client_software_name, client_software_version) from the connection's ApiVersions
+        # v3+ request: filled on every later row of the connection.
+        self.software: tuple[str | None, str | None] | None = None
 
 
 class Writer(threading.Thread):
@@ -85,6 +90,7 @@ class Writer(threading.Thread):
         self.conns: dict[int, _Conn] = {}
         self.pending_bytes = 0               # frames of requests in all conns' pending
         self.topic_names: dict[str, str] = {}
+        self.instance = self.capture.instance_name
         self._logged_row_error = False
 
     def open_files(self) -> None:
@@ -216,6 +222,11 @@ class Writer(threading.Thread):
                 self.pcap.frame(info, payload.direction == "client", self._wall(payload.time),
                                 payload.frame, f"kproxy: malformed frame: {payload.reason}")
         elif kind == "learn":
+            if payload.api_key == API_VERSIONS:
+                request = payload.request_event.request
+                if request is not None:
+                    self._remember_software(self._conn(info), pair_fields(API_VERSIONS, request.body, None))
+                return
             response = payload.response
             if response is not None:
                 facts = body_facts("response", payload.api_key, response.body, self.topic_names, Facts())
@@ -226,7 +237,7 @@ class Writer(threading.Thread):
     def _request(self, info, event) -> None:
         conn = self._conn(info)
         if not event.expects_response:
-            self._pair(info, event, None, OUTCOME_NO_RESPONSE, written=False, row=True)
+            self._pair(conn, event, None, OUTCOME_NO_RESPONSE, written=False, row=True)
             return
         written = False
         if self.pcap is not None and not self.defer_pcap:
@@ -259,7 +270,7 @@ class Writer(threading.Thread):
                 if r is request:          # earlier ones: their responses were dropped
                     written = w
                     break
-        self._pair(info, request, event, OUTCOME_RESPONSE, written=written, row=True)
+        self._pair(conn, request, event, OUTCOME_RESPONSE, written=written, row=True)
 
     def _close(self, info, when: float, in_flight: int | None) -> None:
         conn = self.conns.pop(info.id, None)
@@ -269,18 +280,20 @@ class Writer(threading.Thread):
             if in_flight is not None:           # the tracker knows what is really unanswered
                 pending = pending[len(pending) - in_flight:] if in_flight else []
             for request, written in pending:
-                self._pair(info, request, None, OUTCOME_UNANSWERED, written=written,
+                self._pair(conn, request, None, OUTCOME_UNANSWERED, written=written,
                            row=self.config.record_unanswered)
         if self.pcap is not None:
             self.pcap.close_stream(info, self._wall(when))
 
-    def _pair(self, info, request, response, outcome: str, written: bool, row: bool) -> None:
+    def _pair(self, conn: _Conn, request, response, outcome: str, written: bool, row: bool) -> None:
         """One request/response pair (response None: acks=0 or unanswered)."""
+        info = conn.info
         built = None
         if (row and self.rows) or self.filter.has_topics:
             built, facts = build_row(info, request, response, outcome, self.wall_offset,
                                      self.topic_names, self.jsonl is not None and self.config.include_bodies,
-                                     self.config.include_record_data)
+                                     self.config.include_record_data, self.instance)
+            self._remember_software(conn, built)
             if not self.filter.topics_ok(facts.topics):
                 self.capture.filtered_topics += 1
                 return
@@ -295,6 +308,15 @@ class Writer(threading.Thread):
                 self._pcap_frame(info, request, True)
             if response is not None:
                 self._pcap_frame(info, response, False)
+
+    @staticmethod
+    def _remember_software(conn: _Conn, row: dict) -> None:
+        """Keep the client software a row names for the connection, or fill it from there."""
+        name, version = row["client_software_name"], row["client_software_version"]
+        if name is not None or version is not None:
+            conn.software = (name, version)
+        elif conn.software is not None:
+            row["client_software_name"], row["client_software_version"] = conn.software
 
     def _pcap_frame(self, info, event, is_request: bool) -> None:
         frame, note = scrub_frame(event.frame, "request" if is_request else "response",
