@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import socket
 import sys
 import threading
 import time
@@ -18,12 +17,17 @@ DEMO_TOPIC = "kproxy-demo"
 DEMO_BATCH = 20               # messages produced (and consumed) per traffic round
 DEMO_ROUND_PAUSE_S = 3.0      # slow enough to read the decoded lines as they scroll
 DEMO_CLIENT_CLOSE_S = 15.0    # a consumer's final commit and leave-group fit well within this
+# A fresh broker elects the group coordinator and the topic's leader in a few seconds;
+# on a busy machine it can take several times that. Past these the demo says what is missing.
+DEMO_READY_TIMEOUT_S = 60.0   # topic created and the consumer's partitions assigned
+DEMO_CONSUME_TIMEOUT_S = 10.0 # a round's messages back through kproxy
+DEMO_POLL_MS = 500
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def say(line: str) -> None:
+    """Print one whole line with one write: the event loop and the traffic thread both print."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def print_event_lines(info, events) -> None:
@@ -40,37 +44,69 @@ def print_event_lines(info, events) -> None:
         else:
             errors = [error_name(code) for code in error_codes(
                 "response", event.api_key, response.body_version or event.api_version, response.body)]
-        print(f"conn={info.id:<3} {request.api_name:<18} v{request.api_version:<2} "
-              f"corr={event.correlation_id:<5} client={client:<22} "
-              f"req={request.size:>6}B resp={event.size:>7}B "
-              f"latency={event.latency * 1000:8.2f}ms"
-              + (f" errors={','.join(sorted(set(errors)))}" if errors else ""), flush=True)
+        say(f"conn={info.id:<3} {request.api_name:<18} v{request.api_version:<2} "
+            f"corr={event.correlation_id:<5} client={client:<22} "
+            f"req={request.size:>6}B resp={event.size:>7}B "
+            f"latency={event.latency * 1000:8.2f}ms"
+            + (f" errors={','.join(sorted(set(errors)))}" if errors else ""))
 
 
 def _demo_traffic(bootstrap: str, stop: threading.Event) -> None:
-    """Real client traffic through the relay: produce and consume in rounds."""
-    from kafka import KafkaConsumer, KafkaProducer  # test/demo dependency only
+    """Real client traffic through the relay: create the topic, then produce and consume in rounds.
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="kproxy-demo-producer",
-                             compression_type="gzip", linger_ms=5)
-    consumer = KafkaConsumer(DEMO_TOPIC, bootstrap_servers=bootstrap, group_id="kproxy-demo",
-                             client_id="kproxy-demo-consumer", auto_offset_reset="earliest",
-                             session_timeout_ms=6000, heartbeat_interval_ms=1000,
-                             consumer_timeout_ms=1000)
-    round_no = 0
+    kafka-python's own log lines are kept out of the demo (``main``); what they would
+    report shows up here instead, as one line naming what did not work.
+    """
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer  # test/demo dependency only
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    clients = []
     try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="kproxy-demo-admin")
+        try:
+            admin.create_topics([NewTopic(DEMO_TOPIC, num_partitions=1, replication_factor=1)],
+                                wait_for_metadata=True)
+        except TopicAlreadyExistsError:
+            pass
+        finally:
+            admin.close()
+        producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="kproxy-demo-producer",
+                                 compression_type="gzip", linger_ms=5)
+        clients.append(producer)
+        consumer = KafkaConsumer(DEMO_TOPIC, bootstrap_servers=bootstrap, group_id="kproxy-demo",
+                                 client_id="kproxy-demo-consumer", auto_offset_reset="earliest",
+                                 session_timeout_ms=6000, heartbeat_interval_ms=1000)
+        clients.append(consumer)
+        deadline = time.monotonic() + DEMO_READY_TIMEOUT_S
+        while not consumer.assignment() and not stop.is_set():
+            if time.monotonic() > deadline:
+                say(f"--- the consumer got no partition of {DEMO_TOPIC} within "
+                    f"{DEMO_READY_TIMEOUT_S:g}s; stopping the traffic")
+                return
+            consumer.poll(timeout_ms=DEMO_POLL_MS)        # joins the group
+        round_no = 0
         while not stop.is_set():
             round_no += 1
-            for i in range(DEMO_BATCH):
-                producer.send(DEMO_TOPIC, key=b"k%d" % i, value=b"round %d message %d" % (round_no, i))
+            sends = [producer.send(DEMO_TOPIC, key=b"k%d" % i,
+                                   value=b"round %d message %d" % (round_no, i))
+                     for i in range(DEMO_BATCH)]
             producer.flush()
-            consumed = sum(1 for _ in consumer)
-            print(f"--- round {round_no}: produced {DEMO_BATCH}, consumed {consumed} through kproxy",
-                  flush=True)
+            failed = [s.exception for s in sends if s.failed()]
+            produced = DEMO_BATCH - len(failed)
+            consumed = 0
+            deadline = time.monotonic() + DEMO_CONSUME_TIMEOUT_S
+            while consumed < produced and time.monotonic() < deadline:
+                consumed += sum(len(batch) for batch in
+                                consumer.poll(timeout_ms=DEMO_POLL_MS).values())
+            say(f"--- round {round_no}: produced {produced}, consumed {consumed} through kproxy"
+                + (f" ({len(failed)} sends failed: {failed[0]!r})" if failed else ""))
             stop.wait(DEMO_ROUND_PAUSE_S)
+    except Exception as exc:          # noqa: BLE001 - one line that names it, not a traceback
+        say(f"--- demo traffic stopped: {exc!r}")
     finally:
-        consumer.close()
-        producer.close()
+        for client in reversed(clients):
+            client.close()
 
 
 async def _demo(args) -> int:
@@ -79,27 +115,31 @@ async def _demo(args) -> int:
     from .runtime import Runtime, tune_allocator
 
     tune_allocator()
-    listen_port = args.port or _free_port()
-    print("starting a local Apache Kafka broker (KRaft) ...", flush=True)
+    say("starting a local Apache Kafka broker (KRaft) ...")
     cluster = KafkaCluster(1)
     await asyncio.to_thread(cluster.start)
     try:
+        # Port 0 everywhere unless asked otherwise: kproxy binds first and advertises
+        # what it bound, so no other process can take a port between choosing and using it.
         config = config_module.build({
-            "upstream": cluster.bootstrap_servers, "listen": f"127.0.0.1:{listen_port}",
-            "admin_listen": f"127.0.0.1:{args.admin_port or _free_port()}",
-            "broker_port_base": args.broker_port_base or _free_port()})
+            "upstream": cluster.bootstrap_servers, "listen": f"127.0.0.1:{args.port}",
+            "admin_listen": f"127.0.0.1:{args.admin_port}",
+            "broker_port_base": args.broker_port_base})
         runtime = Runtime(config, observers=[print_event_lines])
         await runtime.start()
         node = cluster.nodes[0]
-        print(f"broker (upstream)  {node.host}:{node.port}  (clients never see this address)\n"
-              f"kproxy bootstrap   127.0.0.1:{listen_port}  <- point bootstrap.servers here\n"
-              f"metrics            {runtime.admin_url}/metrics\n"
-              f"health / ready     {runtime.admin_url}/healthz  {runtime.admin_url}/readyz\n"
-              f"capture            curl -X POST {runtime.admin_url}/capture/start "
-              f"-d '{{\"directory\": \"/tmp/kproxy-capture\"}}'   (then kproxy capture stats /tmp/kproxy-capture)\n"
-              f"Ctrl-C stops the demo and the broker.\n", flush=True)
+        host, port = runtime.proxy.bootstrap_address
+        say(f"broker (upstream)  {node.host}:{node.port}  (clients never see this address)\n"
+            f"kproxy bootstrap   {host}:{port}  <- point bootstrap.servers here\n"
+            f"metrics            {runtime.admin_url}/metrics\n"
+            f"health / ready     {runtime.admin_url}/healthz  {runtime.admin_url}/readyz\n"
+            f"capture            curl -X POST {runtime.admin_url}/capture/start "
+            f"-d '{{\"directory\": \"/tmp/kproxy-capture\"}}'   (then kproxy capture stats /tmp/kproxy-capture)\n"
+            f"One line per request/response pair follows; errors= names the Kafka error codes in a\n"
+            f"response (a fresh broker answers the first coordinator requests with retriable ones).\n"
+            f"Ctrl-C stops the demo and the broker.\n")
         stop = threading.Event()
-        traffic = threading.Thread(target=_demo_traffic, args=(f"127.0.0.1:{listen_port}", stop),
+        traffic = threading.Thread(target=_demo_traffic, args=(f"{host}:{port}", stop),
                                    name="demo-traffic", daemon=True)
         traffic.start()
         try:
@@ -107,7 +147,7 @@ async def _demo(args) -> int:
             while traffic.is_alive() and (deadline is None or asyncio.get_running_loop().time() < deadline):
                 await asyncio.sleep(0.2)
         except asyncio.CancelledError:            # Ctrl-C
-            print("\nstopping: clients first, then kproxy, then the broker ...", flush=True)
+            say("\nstopping: clients first, then kproxy, then the broker ...")
         finally:
             # Clients close (and commit) while kproxy and the broker are still up.
             stop.set()
@@ -115,7 +155,7 @@ async def _demo(args) -> int:
             await runtime.stop()
     finally:
         await asyncio.to_thread(cluster.stop)
-    print("demo stopped; broker stopped", flush=True)
+    say("demo stopped; broker stopped")
     return 0
 
 
@@ -175,10 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--no-cap-api-versions", action="store_true",
                      help="pass ApiVersions through uncapped (clients may pick versions kproxy cannot rewrite)")
     demo = sub.add_parser("demo", help="start a local broker, run traffic through kproxy, print it decoded")
-    demo.add_argument("--port", type=int, default=0, help="listen port (default: a free one)")
-    demo.add_argument("--admin-port", type=int, default=0, help="admin listen port (default: a free one)")
+    demo.add_argument("--port", type=int, default=0, help="listen port (default: one the OS picks)")
+    demo.add_argument("--admin-port", type=int, default=0,
+                      help="admin listen port (default: one the OS picks)")
     demo.add_argument("--broker-port-base", type=int, default=0,
-                      help="broker listener port = base + node id (default: a free one)")
+                      help="broker listener port = base + node id (default: one the OS picks)")
     demo.add_argument("--duration", type=float, default=0, help="stop after this many seconds")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -188,11 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "capture":
         return args.func(args)
     if args.command == "demo":
+        # The demo's clients report problems in its own lines; kafka-python's log lines
+        # (an ERROR while a topic is still being created, say) would only alarm a newcomer.
+        logging.getLogger("kafka").setLevel(logging.CRITICAL + 1)
         try:
             import uvloop
             return uvloop.run(_demo(args))
         except KeyboardInterrupt:
             return 130
+        except OSError as exc:            # e.g. --port is taken
+            print(f"kproxy: cannot start the demo: {exc}", file=sys.stderr)
+            return 1
     return 2
 
 

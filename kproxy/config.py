@@ -82,7 +82,7 @@ class Config:
     advertised_host: str | None = None
     # How broker listener ports are chosen (gateway) / advertised (sidecar).
     broker_port_rule: str = "offset"
-    broker_port_base: int | None = None      # default: listen port + 1
+    broker_port_base: int | None = None      # default: listen port + 1; 0: the OS picks (gateway)
     broker_port_map: Mapping[int, int] = field(default_factory=dict)
     # Sidecar: the address every node is advertised at; {node_id} and {host} are substituted.
     advertised_host_template: str = "{host}"
@@ -267,9 +267,13 @@ def _validate(c: Config) -> None:
     if c.broker_port_rule == "map" and not c.broker_port_map:
         raise ConfigError("broker_port_map: required when broker_port_rule is 'map'")
     if c.listen[1] == 0 and c.broker_port_base is None and c.broker_port_rule in ("offset", "sequential"):
-        raise ConfigError("broker_port_base: required when the listen port is 0 (chosen by the OS)")
-    if not 1 <= c.port_base <= 65535:
-        raise ConfigError(f"broker_port_base: must be 1-65535, got {c.port_base}")
+        raise ConfigError("broker_port_base: required when the listen port is 0 (chosen by the OS); "
+                          "0 lets the OS choose the broker ports too")
+    if c.port_base == 0 and c.mode == "sidecar":
+        raise ConfigError("broker_port_base: 0 (ports chosen by the OS) would make sibling sidecars "
+                          "disagree; give a port")
+    if not 0 <= c.port_base <= 65535:
+        raise ConfigError(f"broker_port_base: must be 0-65535 (0: chosen by the OS), got {c.port_base}")
     for node, port in c.broker_port_map.items():
         if not 1 <= port <= 65535:
             raise ConfigError(f"broker_port_map: port for node {node} must be 1-65535, got {port}")

@@ -3,7 +3,8 @@
 Used by ``kproxy run``, the demo and end-to-end tests, so all three run the
 same wiring. Shutdown order: stop accepting connections and reading new requests
 (``/readyz`` turns 503), close each connection once its in-flight requests are
-answered (all by ``shutdown_timeout``), close the admin port.
+answered (all by ``shutdown_timeout``), close the admin port. ``/readyz`` is also
+503 while a broker listener cannot be bound (one line per listener says why).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class Runtime:
                                topic_label=config.metrics_topic_label,
                                label_cap=config.metrics_label_cap, capture=self.capture,
                                in_flight=lambda: self.proxy.in_flight(),
-                               traffic=lambda: self.proxy.traffic())
+                               traffic=lambda: self.proxy.traffic(),
+                               unbound_listeners=lambda: len(self.proxy.unbound))
         self.proxy = Proxy(config, [self.metrics, self.capture, *observers])
         self.admin = AdminServer({
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
@@ -106,6 +108,9 @@ class Runtime:
             return 503, "text/plain", b"starting\n"
         if self.proxy.stopping:             # draining: load balancers should send no one new
             return 503, "text/plain", b"stopping\n"
+        unbound = self.proxy.unbound_reasons()
+        if unbound:                         # some brokers are withheld from clients meanwhile
+            return 503, "text/plain", "".join(line + "\n" for line in unbound).encode()
         ok, detail = await upstream_reachable(self.config.upstreams)
         return (200 if ok else 503), "text/plain", (detail + "\n").encode()
 

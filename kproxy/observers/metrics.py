@@ -12,6 +12,7 @@ rest into ``other``.
 
 from __future__ import annotations
 
+import errno
 import platform
 from typing import Iterable
 
@@ -41,6 +42,15 @@ PRODUCE_KEY = 0
 CLOSE_REASONS = ("client_closed", "broker_closed", "frame_too_large", "rewrite_failed",
                  "idle_timeout", "shutdown", "socket_error", "upstream_unreachable",
                  "max_connections", "other")
+
+
+# Why a broker listener could not be bound (errno -> reason label; anything else is "other").
+BIND_FAILURE_REASONS = {errno.EADDRINUSE: "address_in_use", errno.EACCES: "permission_denied",
+                        errno.EADDRNOTAVAIL: "address_not_available"}
+
+
+def bind_failure_label(error: OSError) -> str:
+    return BIND_FAILURE_REASONS.get(error.errno, "other")
 
 
 def close_reason_label(reason: str) -> str:
@@ -97,10 +107,11 @@ class Metrics:
     """The metrics observer. Call it with (connection info, events); scrape ``registry``."""
 
     def __init__(self, client_id_label: bool = False, topic_label: bool = False,
-                 label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None):
-        """``in_flight()`` and ``traffic()`` are read at scrape time (nothing on the hot path):
-        traffic returns cumulative byte totals keyed like ``TRAFFIC_COUNTERS``; ``capture``
-        is the capture observer whose counters are exported."""
+                 label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None,
+                 unbound_listeners=None):
+        """``in_flight()``, ``traffic()`` and ``unbound_listeners()`` are read at scrape time
+        (nothing on the hot path): traffic returns cumulative byte totals keyed like
+        ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported."""
         r = self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -171,6 +182,14 @@ class Metrics:
         self.connections_closed = Counter("kproxy_connections_closed_total",
                                           "Client connections closed, by reason",
                                           ["listener", "reason"], registry=r)
+        self.listener_bind_failures = Counter(
+            "kproxy_listener_bind_failures_total",
+            "Failed attempts to bind a broker listener (its node is withheld from clients meanwhile)",
+            ["listener", "reason"], registry=r)
+        unbound = Gauge("kproxy_broker_listeners_unbound",
+                        "Broker listeners kproxy cannot bind now (their nodes are withheld from clients)",
+                        registry=r)
+        unbound.set_function(unbound_listeners or (lambda: 0))
         self._traffic = traffic or (lambda: {})
         r.register(_TrafficCollector(lambda: self._traffic()))
         self._capture = capture
@@ -323,6 +342,9 @@ class Metrics:
         """Accepted, then closed before it was proxied (upstream unreachable, limits, shutdown)."""
         self.connections_opened.labels(listener).inc()
         self.connections_closed.labels(listener, close_reason_label(reason)).inc()
+
+    def listener_bind_failed(self, listener: str, error: OSError) -> None:
+        self.listener_bind_failures.labels(listener, bind_failure_label(error)).inc()
 
 
 def _topic_name(topic) -> str:

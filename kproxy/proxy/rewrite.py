@@ -7,12 +7,15 @@ for host/port fields; ``tests/proxy/test_rewrite.py`` re-checks that scan so a n
 Kafka release cannot add one silently). Streams' application ``Endpoint``
 and ACL ``host`` fields are not broker addresses and stay untouched.
 
+Nor may a client learn a kproxy address nobody listens on: ``withhold_nodes``
+takes the brokers whose listener kproxy cannot bind out of the same responses.
+
 Pure functions over decoded bodies: no I/O, so the rules are tested without sockets.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Collection, Iterator
 
 from ..protocol import Response, Struct, schema
 
@@ -104,6 +107,95 @@ def rewrite_addresses(api_key: int, api_version: int, response: Response,
             holder.host, holder.port = new
             changed = True
     return changed
+
+
+NO_NODE = -1                      # Kafka's "no node" id (and port) in leader and coordinator fields
+LEADER_NOT_AVAILABLE = 5          # retriable: clients refresh metadata and try again
+COORDINATOR_NOT_AVAILABLE = 15    # retriable: clients ask FindCoordinator again
+
+
+def _drop_brokers(body: Struct, unserved: Collection[int], id_field: str) -> bool:
+    kept = [b for b in body.brokers if getattr(b, id_field) not in unserved]
+    changed = len(kept) != len(body.brokers)
+    body.brokers = kept
+    # In KRaft the controller id clients see is any broker (requests to it are forwarded).
+    if getattr(body, "controller_id", NO_NODE) in unserved:     # Metadata v1+, DescribeCluster
+        body.controller_id = min((getattr(b, id_field) for b in kept), default=NO_NODE)
+        changed = True
+    return changed
+
+
+def _withhold_metadata(body: Struct, version: int, unserved: Collection[int]) -> bool:
+    """Metadata: drop the brokers; partitions they lead have no leader (LEADER_NOT_AVAILABLE)."""
+    changed = _drop_brokers(body, unserved, "node_id")
+    for topic in body.topics or ():
+        for partition in topic.partitions or ():
+            if partition.leader_id in unserved:
+                partition.leader_id = NO_NODE
+                if partition.error_code == 0:
+                    partition.error_code = LEADER_NOT_AVAILABLE
+                changed = True
+    return changed
+
+
+def _withhold_describe_cluster(body: Struct, version: int, unserved: Collection[int]) -> bool:
+    return _drop_brokers(body, unserved, "broker_id")
+
+
+def _withhold_coordinator(body: Struct, version: int, unserved: Collection[int]) -> bool:
+    """FindCoordinator: an unserved coordinator becomes COORDINATOR_NOT_AVAILABLE."""
+    holders = [body] if version < 4 else body.coordinators
+    changed = False
+    for holder in holders:
+        if holder.node_id in unserved:
+            holder.node_id, holder.host, holder.port = NO_NODE, "", NO_NODE
+            holder.error_code = COORDINATOR_NOT_AVAILABLE
+            if hasattr(holder, "error_message"):               # v1+
+                holder.error_message = "kproxy is not yet listening for this coordinator"
+            changed = True
+    return changed
+
+
+def _withhold_endpoints(body: Struct, version: int, unserved: Collection[int]) -> bool:
+    """KIP-951 leader hints: drop the endpoints; a hint naming such a node becomes "no hint"."""
+    endpoints = body.node_endpoints or ()
+    kept = [e for e in endpoints if e.node_id not in unserved]
+    changed = len(kept) != len(endpoints)
+    if changed:
+        body.node_endpoints = kept
+    for topic in body.responses or ():
+        partitions = getattr(topic, "partition_responses", None) or getattr(topic, "partitions", None)
+        for partition in partitions or ():
+            leader = getattr(partition, "current_leader", None)
+            if leader is not None and leader.leader_id in unserved:
+                leader.leader_id, leader.leader_epoch = NO_NODE, NO_NODE
+                changed = True
+    return changed
+
+
+# api key -> how to take unserved nodes out of its response (broker addresses only:
+# the KRaft quorum APIs carry controller addresses, for which kproxy opens no listener)
+WITHHOLDERS: dict[int, Callable[[Struct, int, Collection[int]], bool]] = {
+    0: _withhold_endpoints, 1: _withhold_endpoints, 3: _withhold_metadata,
+    10: _withhold_coordinator, 60: _withhold_describe_cluster, 78: _withhold_endpoints,
+    79: _withhold_endpoints,
+}
+
+
+def withhold_nodes(api_key: int, api_version: int, response: Response,
+                   unserved: Collection[int]) -> bool:
+    """Take nodes kproxy cannot serve out of a decoded response, in place; True if changed.
+
+    A client handed an address nobody listens on fails on it until its next metadata
+    refresh, and again after it. What is left instead is what Kafka itself answers
+    while a leader or coordinator moves (no leader, COORDINATOR_NOT_AVAILABLE, no
+    hint), which every client retries; the brokers kproxy does serve keep working.
+    """
+    withhold = WITHHOLDERS.get(api_key)
+    if withhold is None or not unserved or response.is_opaque \
+            or api_version < ADDRESS_BEARING[api_key][0]:
+        return False
+    return withhold(response.body, api_version, unserved)
 
 
 def cap_api_versions(response: Response, drop_unknown: bool = True) -> bool:

@@ -6,7 +6,12 @@ address-bearing response goes through:
 - gateway: a bootstrap listener plus one listener per upstream broker,
   opened the moment a response first names that broker (so the rewritten
   address already accepts connections when the client gets it) and closed
-  when Metadata stops listing it. Ports follow the configured rule.
+  when Metadata stops listing it. Ports follow the configured rule; port
+  base 0 lets the OS pick each one (bind first, advertise what was bound).
+  A listener that cannot be bound (port taken, privileged, address gone) is
+  retried with backoff, and until it is bound its node is left out of every
+  response (``rewrite.withhold_nodes``): clients are never handed an address
+  nobody serves. ``/readyz`` is 503 meanwhile, with the reason.
 - sidecar: one listener in front of the local broker; every node is
   advertised at a templated host and a rule-derived port, so the sidecars
   of all brokers hand out the same addresses without talking to each other.
@@ -20,13 +25,15 @@ import logging
 import socket
 import ssl
 import time
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..config import Config
 from ..protocol import DecodeError, encode_response
 from ..protocol.connection import RequestReceived, ResponseReceived
 from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay
-from .rewrite import cap_api_versions, carries_addresses, node_addresses, rewrite_addresses
+from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
+                      withhold_nodes)
 from .tls import client_context, server_context
 
 log = logging.getLogger("kproxy.server")
@@ -47,6 +54,31 @@ CLOSE_GRACE_S = 2.0               # closed sockets' handlers finish in milliseco
 # Distinct (direction, api, version) kinds logged; a client sending random api keys must
 # not grow the set (or the log) without bound. Metrics still count every failure.
 MAX_LOGGED_DECODE_KINDS = 256
+# A broker listener that cannot be bound is tried again after this, doubling each time up
+# to the cap: a port freed by another process is picked up within BIND_RETRY_MAX_S, and
+# one bind attempt per node every few seconds costs nothing.
+BIND_RETRY_FIRST_S = 0.25
+BIND_RETRY_MAX_S = 5.0
+OS_CHOSEN_PORT = 0                # broker_port_base 0: the OS picks each broker listener's port
+
+
+@dataclass(eq=False)
+class UnboundListener:
+    """A broker listener kproxy wants open but cannot bind (yet); its node is withheld."""
+    node_id: int
+    address: HostPort
+    error: OSError
+    since: float = field(default_factory=time.monotonic)
+    failures: int = 0
+    causes_logged: set = field(default_factory=set)     # errnos already logged for this episode
+    retry: asyncio.Task | None = None
+
+    def reason(self) -> str:
+        host, port = self.address
+        return (f"broker-{self.node_id}: cannot listen on {host}:{port}: "
+                f"{self.error.strerror or self.error} ({self.failures} attempts in "
+                f"{time.monotonic() - self.since:.0f}s; node {self.node_id} is left out of "
+                f"what clients are told until it can)")
 
 
 class Proxy:
@@ -58,7 +90,9 @@ class Proxy:
         self.relays: set[Relay] = set()
         self.upstream_of: dict[int, HostPort] = {}         # node id -> real broker address
         self.listeners: dict[str, asyncio.Server] = {}     # "bootstrap" / "broker-<id>"
-        self.broker_ports: dict[int, int] = {}             # node id -> kproxy port (gateway)
+        self.broker_ports: dict[int, int] = {}             # node id -> port (sequential rule)
+        self.bound_ports: dict[int, int] = {}              # node id -> port its listener is bound to
+        self.unbound: dict[int, UnboundListener] = {}      # node id -> listener that cannot bind
         self._bootstrap_cycle = itertools.cycle(range(len(config.upstreams)))
         self._server_ssl = server_context(config.tls_server) if config.tls_server else None
         self._client_ssl = client_context(config.tls_client) if config.tls_client else None
@@ -79,6 +113,8 @@ class Proxy:
             return c.broker_port_map[node_id]
         if c.broker_port_rule == "fixed":
             return c.listen[1]
+        if c.port_base == OS_CHOSEN_PORT:                  # 0 until its listener is bound
+            return self.bound_ports.get(node_id, OS_CHOSEN_PORT)
         if c.broker_port_rule == "sequential":
             if node_id not in self.broker_ports:
                 used = set(self.broker_ports.values())
@@ -97,9 +133,8 @@ class Proxy:
         if self.upstream_of.get(node_id) != (host, port):
             self.upstream_of[node_id] = (host, port)
             log.info("node %d is at %s:%d", node_id, host, port)
-        listen_port = self.port_for(node_id)
-        self._ensure_broker_listener(node_id, listen_port)
-        return c.public_host, listen_port
+        self._ensure_broker_listener(node_id)
+        return c.public_host, self.port_for(node_id)      # withheld later if it is not bound
 
     def advertise_controller(self, node_id: int, host: str, port: int) -> HostPort:
         """Like ``advertise`` for a controller's address: same mapping, nothing learnt or opened."""
@@ -133,6 +168,8 @@ class Proxy:
             and getattr(response.body, "endpoint_type", None) == CONTROLLER_ENDPOINT_TYPE)
         mapper = self.advertise_controller if controllers else self.advertise
         changed = rewrite_addresses(api_key, version, response, mapper) or changed
+        if self.unbound and not controllers:
+            changed = withhold_nodes(api_key, version, response, self.unbound.keys()) or changed
         if not changed:
             return None
         try:
@@ -197,27 +234,84 @@ class Proxy:
     def _bind(self, host: str, port: int) -> socket.socket:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(LISTEN_BACKLOG)
-        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()                 # retried every few seconds: no descriptor may leak
+            raise
         return sock
 
-    def _ensure_broker_listener(self, node_id: int, port: int) -> None:
-        """Open node's listener now (bound synchronously so the address works at once)."""
+    def _ensure_broker_listener(self, node_id: int) -> None:
+        """Open node's listener now (bound synchronously so the address works at once).
+
+        If it cannot be bound, a retry task owns it from then on: responses do not
+        re-try (or re-log) it, they only withhold the node.
+        """
         name = f"broker-{node_id}"
-        if name in self.listeners or name in self._opening:
+        if name in self.listeners or name in self._opening or node_id in self.unbound:
             return
+        self._try_bind(node_id)
+
+    def _try_bind(self, node_id: int) -> bool:
+        name = f"broker-{node_id}"
+        address = (self.config.listen[0], self.port_for(node_id))
         try:
-            sock = self._bind(self.config.listen[0], port)
+            sock = self._bind(*address)
         except OSError as exc:
-            log.error("cannot listen for node %d on port %d: %s", node_id, port, exc)
-            return
+            self._bind_failed(node_id, address, exc)
+            return False
+        port = sock.getsockname()[1]
+        self.bound_ports[node_id] = port
         self._opening.add(name)
         task = asyncio.get_running_loop().create_task(
             self._serve(name, self._policy(name, node_id), sock))
         task.add_done_callback(lambda _t, name=name: self._opening.discard(name))
-        log.info("listening for node %d on %s:%d", node_id, self.config.listen[0], port)
+        failed = self.unbound.pop(node_id, None)
+        if failed is None:
+            log.info("listening for node %d on %s:%d", node_id, address[0], port)
+        else:
+            log.info("listening for node %d on %s:%d after %d failed attempts in %.1fs; "
+                     "clients are told about it again", node_id, address[0], port,
+                     failed.failures, time.monotonic() - failed.since)
+        return True
+
+    def _bind_failed(self, node_id: int, address: HostPort, exc: OSError) -> None:
+        """Count every failure, log each cause once per episode, keep one retry task."""
+        notify_hook(self.observers, "listener_bind_failed", f"broker-{node_id}", exc)
+        entry = self.unbound.get(node_id)
+        if entry is None:
+            entry = self.unbound[node_id] = UnboundListener(node_id, address, exc)
+            entry.retry = asyncio.get_running_loop().create_task(self._retry_bind(entry))
+        entry.address, entry.error = address, exc
+        entry.failures += 1
+        if exc.errno not in entry.causes_logged:
+            entry.causes_logged.add(exc.errno)
+            log.warning("cannot listen for node %d on %s:%d: %s; node %d is left out of what "
+                        "clients are told, and /readyz is 503, until it can (retrying every "
+                        "%gs at most)", node_id, *address, exc.strerror or exc, node_id,
+                        BIND_RETRY_MAX_S)
+
+    async def _retry_bind(self, entry: UnboundListener) -> None:
+        delay = BIND_RETRY_FIRST_S
+        while True:
+            await asyncio.sleep(delay)
+            if self.stopping or self.unbound.get(entry.node_id) is not entry:
+                return
+            if self._try_bind(entry.node_id):
+                return
+            delay = min(delay * 2, BIND_RETRY_MAX_S)
+
+    def unbound_reasons(self) -> list[str]:
+        """One line per broker listener that cannot be bound now (for /readyz)."""
+        return [entry.reason() for entry in list(self.unbound.values())]
+
+    def broker_addresses(self) -> dict[int, HostPort]:
+        """node id -> the address clients are handed for it (gateway; bound listeners only)."""
+        return {node_id: (self.config.public_host, port)
+                for node_id, port in list(self.bound_ports.items())}
 
     def _retire_missing_brokers(self, present: set[int]) -> None:
         if not present:
@@ -227,6 +321,10 @@ class Proxy:
             if node_id not in present:
                 log.info("node %d left the cluster; closing its listener", node_id)
                 self.listeners.pop(name).close()
+                self.bound_ports.pop(node_id, None)
+        for node_id in [n for n in self.unbound if n not in present]:
+            log.info("node %d left the cluster; no longer trying to listen for it", node_id)
+            self.unbound.pop(node_id).retry.cancel()
 
     def traffic(self) -> dict[str, int]:
         """Cumulative bytes each way (closed connections plus live ones), for metrics."""
@@ -256,7 +354,12 @@ class Proxy:
             policy.upstreams = lambda: [local]
         else:
             policy = self._policy("bootstrap", None)
-        await self._serve("bootstrap", policy, self._bind(*c.listen))
+        try:
+            sock = self._bind(*c.listen)
+        except OSError as exc:      # nothing is served yet: fail at start, naming the address
+            raise OSError(f"cannot listen on {c.listen[0]}:{c.listen[1]}: "
+                          f"{exc.strerror or exc}") from None
+        await self._serve("bootstrap", policy, sock)
         self._reaper = asyncio.get_running_loop().create_task(self._reap_idle())
         self.started = True
         log.info("kproxy %s listening on %s:%d, upstream %s", c.mode, *self.bootstrap_address,
@@ -283,6 +386,8 @@ class Proxy:
         self.stopping = True
         for server in self.listeners.values():
             server.close()
+        for entry in self.unbound.values():
+            entry.retry.cancel()
         for relay in list(self.relays):
             relay.stop_reading_requests()
         deadline = time.monotonic() + self.config.shutdown_timeout

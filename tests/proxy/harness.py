@@ -16,7 +16,12 @@ START_TIMEOUT_S = 10.0
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct loopback ports free right now (all bound at once, so no repeats)."""
+    """n distinct loopback ports free right now (all bound at once, so no repeats).
+
+    Free *now* only: another process may take one before it is used. Only for tests of
+    fixed port rules; kproxy's own ports are best left to the OS (``ProxyThread``'s
+    default), which kproxy binds first and then advertises.
+    """
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -32,11 +37,17 @@ def free_port() -> int:
 
 
 class ProxyThread:
-    """``with ProxyThread(upstream=..., ...) as proxy: proxy.bootstrap`` → "127.0.0.1:PORT"."""
+    """``with ProxyThread(upstream=..., ...) as proxy: proxy.bootstrap`` → "127.0.0.1:PORT".
+
+    Every port defaults to 0 (broker listeners too, in gateway mode): kproxy binds first
+    and advertises what it bound, so no race with other processes for a free port.
+    """
 
     def __init__(self, observers: Iterable = (), **settings):
         settings.setdefault("listen", "127.0.0.1:0")
         settings.setdefault("admin_listen", "127.0.0.1:0")
+        if settings.get("mode", "gateway") == "gateway":
+            settings.setdefault("broker_port_base", 0)
         self.config = config_module.build(settings)
         self.runtime = Runtime(self.config, observers)
         self.loop = uvloop.new_event_loop()
@@ -63,3 +74,7 @@ class ProxyThread:
     @property
     def admin_url(self) -> str:
         return self.runtime.admin_url
+
+    def served_broker_addresses(self) -> set[tuple[str, int]]:
+        """The broker addresses kproxy hands out now (gateway: listeners it has bound)."""
+        return set(self.runtime.proxy.broker_addresses().values())

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from kproxy.protocol.connection import Connection, ResponseReceived
-from tests.proxy.harness import ProxyThread, free_ports
+from tests.proxy.harness import ProxyThread
 
 pytestmark = pytest.mark.broker
 
@@ -38,19 +38,22 @@ def client_bytes(monkeypatch):
 
 @pytest.fixture
 def proxy(kafka_cluster, client_bytes):
-    nodes = kafka_cluster.nodes
-    ports = free_ports(len(nodes))
+    """Every port chosen by the OS: kproxy binds first and advertises what it bound."""
     responses = []
 
     def record(info, events):
         responses.extend(e for e in events if isinstance(e, ResponseReceived))
 
-    with ProxyThread(observers=[record], upstream=kafka_cluster.bootstrap_servers,
-                     broker_port_rule="map",
-                     broker_port_map={n.node_id: p for n, p in zip(nodes, ports)}) as p:
+    with ProxyThread(observers=[record], upstream=kafka_cluster.bootstrap_servers) as p:
         p.responses = responses
-        p.broker_ports = ports
         yield p
+
+
+def served(proxy, kafka_cluster) -> set[tuple[str, int]]:
+    """The broker addresses kproxy bound and advertises, one per node."""
+    addresses = proxy.served_broker_addresses()
+    assert len(addresses) == len(kafka_cluster.nodes)
+    return addresses
 
 
 def assert_no_upstream_address(kafka_cluster, client_bytes, proxy):
@@ -59,7 +62,8 @@ def assert_no_upstream_address(kafka_cluster, client_bytes, proxy):
         for port_bytes in (struct.pack(">i", node.port), struct.pack(">H", node.port)):
             assert node.host.encode() + port_bytes not in stream, f"upstream {node.host}:{node.port} leaked"
     # Positive control: the rewritten address is there.
-    assert any(b"127.0.0.1" + struct.pack(">i", p) in stream for p in proxy.broker_ports)
+    assert any(host.encode() + struct.pack(">i", port) in stream
+               for host, port in served(proxy, kafka_cluster))
 
 
 def test_kafka_python_produce_consume_through_kproxy(kafka_cluster, proxy, client_bytes):
@@ -71,8 +75,7 @@ def test_kafka_python_produce_consume_through_kproxy(kafka_cluster, proxy, clien
     admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
     cluster = admin.describe_cluster()
     admin.close()
-    assert {(b["host"], b["port"]) for b in cluster["brokers"]} == \
-        {("127.0.0.1", p) for p in proxy.broker_ports}
+    assert {(b["host"], b["port"]) for b in cluster["brokers"]} == served(proxy, kafka_cluster)
 
     producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, compression_type="lz4")
     sent = {f"key-{i}".encode(): f"value-{i}".encode() for i in range(200)}
@@ -106,8 +109,7 @@ def test_confluent_kafka_sees_only_kproxy_addresses(kafka_cluster, proxy, client
     assert producer.flush(30) == 0
 
     metadata = AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(timeout=10)
-    assert {(b.host, b.port) for b in metadata.brokers.values()} == \
-        {("127.0.0.1", p) for p in proxy.broker_ports}
+    assert {(b.host, b.port) for b in metadata.brokers.values()} == served(proxy, kafka_cluster)
 
     consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": f"g-{topic}",
                          "auto.offset.reset": "earliest", "session.timeout.ms": 6000})

@@ -1,0 +1,44 @@
+"""``kproxy demo`` as a newcomer runs it: its whole output must read as a working system."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kproxy.embedded import KAFKA_4_VERSION
+
+pytestmark = pytest.mark.timeout(300)
+
+DEMO_DURATION_S = 20              # several traffic rounds (one every ~3 s once the group has joined)
+DEMO_TIMEOUT_S = 240              # a broker start, the run and the shutdown on a busy machine
+ROUND = re.compile(r"^--- round (\d+): produced (\d+), consumed (\d+) through kproxy$")
+# A log line of a client library (kafka-python logs under "kafka.*").
+CLIENT_LOG = re.compile(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) kafka[.\s]")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_demo_output_has_no_errors_and_every_round_gets_through(require_kafka):
+    require_kafka(KAFKA_4_VERSION)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-m", "kproxy", "demo", "--duration", str(DEMO_DURATION_S)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=DEMO_TIMEOUT_S)
+    lines = (run.stdout + run.stderr).splitlines()
+    shown = "\n".join(lines[-40:])
+    assert run.returncode == 0, shown
+    assert not [line for line in lines if "ERROR" in line or "Traceback" in line], shown
+    assert not [line for line in lines if CLIENT_LOG.match(line)], shown
+
+    bootstrap = re.search(r"^kproxy bootstrap\s+127\.0\.0\.1:(\d+)", run.stdout, re.M)
+    listening = re.search(r"kproxy gateway listening on 127\.0\.0\.1:(\d+)", run.stderr)
+    assert bootstrap and listening and bootstrap[1] == listening[1] != "0"   # what kproxy bound
+
+    rounds = [ROUND.match(line) for line in run.stdout.splitlines() if line.startswith("--- ")]
+    assert all(rounds), [line for line in run.stdout.splitlines() if line.startswith("--- ")]
+    assert len(rounds) >= 2
+    assert all(m[2] == m[3] == "20" for m in rounds), [m[0] for m in rounds]
+    assert run.stdout.rstrip().endswith("demo stopped; broker stopped")
