@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         run.add_argument(flag, dest=key, help=help_text)
     from .observers.capture import cli as capture_cli
     capture_cli.add_arguments(sub)
+    from .pipeline import cli as analyze_cli      # argparse only: Spark loads when analyze runs
+    analyze_cli.add_arguments(sub)
     run.add_argument("--no-cap-api-versions", action="store_true",
                      help="pass ApiVersions through uncapped (clients may pick versions kproxy cannot rewrite)")
     demo = sub.add_parser("demo", help="start a local broker, run traffic through kproxy, print it decoded")
@@ -228,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     if args.command == "capture":
         return args.func(args)
+    if args.command == "analyze":
+        return analyze_cli.run(args, args.master)
     if args.command == "demo":
         # The demo's clients report problems in its own lines; kafka-python's log lines
         # (an ERROR while a topic is still being created, say) would only alarm a newcomer.

@@ -1,0 +1,160 @@
+"""``kproxy analyze``: argument parsing, the Spark session, one-line errors.
+
+Run directly (``kproxy analyze``) the master defaults to ``local[*]``; run by
+``spark-submit`` (``kproxy/pipeline/submit.py``) the master and every other
+setting come from spark-submit and nothing here overrides them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import shutil
+import sys
+
+DEFAULT_MASTER = "local[*]"
+DEFAULT_WINDOW = "1m"
+DEFAULT_TOP = 20
+# Shuffle partitions when kproxy starts a local Spark: the default 200 makes every
+# aggregation of a laptop-sized capture pay for 200 tiny tasks. Per core, a few.
+LOCAL_SHUFFLE_PARTITIONS_PER_CORE = 2
+LOG4J_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+_UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60,
+          "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
+
+
+class UsageError(ValueError):
+    """A bad argument or environment, said in one line."""
+
+
+def parse_window(text: str) -> int:
+    """``30s``, ``1m``, ``5 minutes``, ``2h`` or plain seconds → seconds."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if match is None or match[2] not in ("", *_UNITS):
+        raise UsageError(f"--window: expected e.g. 30s, 1m, 5min, 1h, got {text!r}")
+    seconds = int(match[1]) * (_UNITS[match[2]] if match[2] else 1)
+    if seconds <= 0:
+        raise UsageError("--window must be positive")
+    return seconds
+
+
+def parse_time(text: str, flag: str) -> dt.datetime:
+    """ISO 8601 date/time; UTC unless it names a zone."""
+    try:
+        value = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"{flag}: expected an ISO 8601 UTC time like 2026-11-23T14:00:00Z, "
+                         f"got {text!r}") from None
+    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value
+
+
+def add_arguments(sub) -> None:
+    """Register ``analyze`` on kproxy's subcommand parser."""
+    parser = sub.add_parser("analyze", help="analyse capture files with Spark (tables, summary, report)",
+                            description="Answer the questions an operator brings to a capture: "
+                                        "latency, errors and throttling per API, time series and "
+                                        "anomalies, clients and their software, topics, consumer "
+                                        "groups, slow pairs and connection churn.")
+    configure(parser, default_master=DEFAULT_MASTER)
+
+
+def configure(parser: argparse.ArgumentParser, default_master: str | None) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="capture file, capture directory, glob, or Hadoop URI (s3a://, hdfs://)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="where tables/, summary.json, report.html and plots/ go")
+    parser.add_argument("--since", type=str, help="UTC start (ISO 8601), inclusive")
+    parser.add_argument("--until", type=str, help="UTC end (ISO 8601), exclusive")
+    parser.add_argument("--window", default=DEFAULT_WINDOW, help="time-series bucket (default 1m)")
+    parser.add_argument("--top", type=int, default=DEFAULT_TOP, help="slowest pairs to list (default 20)")
+    parser.add_argument("--format", default="auto", choices=("auto", "parquet", "jsonl"),
+                        help="capture format to read (auto: Parquet if present, else JSONL)")
+    if default_master is not None:
+        parser.add_argument("--master", default=default_master,
+                            help=f"Spark master (default {default_master})")
+    parser.add_argument("--no-report", action="store_true", help="tables and summary.json only")
+    parser.add_argument("--follow", action="store_true",
+                        help="keep the series and the client inventory current over a directory of "
+                             "rotating capture files (Structured Streaming)")
+    parser.add_argument("--once", action="store_true",
+                        help="with --follow: process the files there now, then stop")
+
+
+def _check_java() -> None:
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return                                       # spark-submit already started the JVM
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
+        return
+    if shutil.which("java") is None:
+        raise UsageError("Java 17 or newer is needed (Spark runs on the JVM): install "
+                         "openjdk-17-jre-headless or set JAVA_HOME")
+
+
+def session(master: str | None):
+    """A SparkSession: ours with quiet logs when we start Spark, spark-submit's as it is otherwise."""
+    _check_java()
+    from pyspark.sql import SparkSession
+    builder = SparkSession.builder.appName("kproxy analyze")
+    if master is not None:
+        if master.startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            builder = builder.config("spark.sql.shuffle.partitions",
+                                     str(LOCAL_SHUFFLE_PARTITIONS_PER_CORE * (os.cpu_count() or 1)))
+        builder = (builder.master(master)
+                   .config("spark.ui.showConsoleProgress", "false")      # Progress prints stages
+                   .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"))
+    spark = builder.getOrCreate()
+    spark.conf.set("spark.sql.session.timeZone", "UTC")                  # windows and times in UTC
+    return spark
+
+
+def run(args, master: str | None) -> int:
+    try:
+        from pyspark.sql.utils import AnalysisException
+    except ImportError:
+        print("kproxy analyze: error: PySpark is not installed: pip install 'kproxy[analysis]'",
+              file=sys.stderr)
+        return 2
+    from .job import Options, analyze
+    from .source import InputError, resolve_inputs
+    import logging
+    logging.getLogger("py4j").setLevel(logging.WARNING)     # its INFO lines say nothing to a user
+    try:
+        options = Options(window_seconds=parse_window(args.window), top=args.top, fmt=args.format,
+                          since=parse_time(args.since, "--since") if args.since else None,
+                          until=parse_time(args.until, "--until") if args.until else None,
+                          report=not args.no_report)
+        if options.top <= 0:
+            raise UsageError("--top must be positive")
+        if args.once and not args.follow:
+            raise UsageError("--once goes with --follow")
+        if not args.follow:
+            resolve_inputs(args.paths, options.fmt, options.since)   # fail fast, before Spark starts
+        spark = session(master)
+        if args.follow:
+            from .follow import follow
+            follow(spark, args.paths, args.out, options, once=args.once)
+            return 0
+        result = analyze(spark, args.paths, args.out, options)
+    except (UsageError, InputError) as exc:
+        print(f"kproxy analyze: error: {exc}", file=sys.stderr)
+        return 2
+    except AnalysisException as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"kproxy analyze: error: {first}", file=sys.stderr)
+        return 1
+    print(f"tables   {os.path.join(result.out, 'tables')}/ ({len(result.tables)})")
+    print(f"summary  {os.path.join(result.out, 'summary.json')}")
+    if result.report:
+        print(f"report   {result.report}")
+    return 0
+
+
+def main(argv: list[str] | None = None, default_master: str | None = DEFAULT_MASTER) -> int:
+    parser = argparse.ArgumentParser(prog="kproxy analyze")
+    configure(parser, default_master)
+    args = parser.parse_args(argv)
+    return run(args, getattr(args, "master", None))

@@ -1,0 +1,249 @@
+"""The batch job: every table, ``summary.json`` and the report, for one set of capture files.
+
+``analyze(spark, paths, out)`` is what ``kproxy analyze`` and ``spark-submit``
+run; a notebook can call it too, or call the functions in ``tables`` one by
+one. Tables are written as Parquet under ``out/tables/<name>/``; only
+aggregates (never pair rows) come back to the driver, for ``summary.json``
+and the report, and the report shows at most ``REPORT_ROWS`` rows of a table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .. import __version__
+from . import tables as T
+from .source import Inputs, InputError, load_capture
+
+REPORT_ROWS = 200                 # rows of one table the report (and summary) collect, at most
+SUMMARY_TOP = 5                   # top errors listed in summary.json
+WORST_P99_MIN_REQUESTS = 20       # an API needs this many pairs before its p99 can be "the worst"
+PROGRESS_POLL_S = 2.0             # how often a long stage reports its tasks
+PROGRESS_QUIET_S = 5.0            # stages shorter than this print only their result
+
+
+@dataclass
+class Options:
+    """What one run computes (``kproxy analyze`` flags)."""
+    window_seconds: int = 60
+    top: int = 20
+    fmt: str = "auto"
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    report: bool = True
+
+
+@dataclass
+class Result:
+    out: str
+    summary: dict
+    tables: dict[str, str] = field(default_factory=dict)       # name -> path
+    report: str | None = None
+
+
+class Progress:
+    """Stage lines on stderr, and task counts for stages that run long (Spark's own bar is off)."""
+
+    def __init__(self, spark: SparkSession, stream=None, total: int = 0):
+        self.spark = spark
+        self.stream = stream if stream is not None else sys.stderr
+        self.total = total
+        self.done = 0
+        self.started = time.monotonic()
+
+    def _print(self, text: str) -> None:
+        print(f"[analyze {time.monotonic() - self.started:6.1f}s] {text}", file=self.stream, flush=True)
+
+    def note(self, text: str) -> None:
+        self._print(text)
+
+    def stage(self, name: str, work, describe=str):
+        """Run ``work()``, printing the stage, its tasks while it runs long, and ``describe(result)``."""
+        self.done += 1
+        label = f"{self.done}/{self.total} {name}" if self.total else name
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(label, stop), daemon=True)
+        watcher.start()
+        began = time.monotonic()
+        try:
+            result = work()
+        finally:
+            stop.set()
+            watcher.join()
+        self._print(f"{label}: {describe(result)} ({time.monotonic() - began:.1f}s)")
+        return result
+
+    def _watch(self, label: str, stop: threading.Event) -> None:
+        tracker = self.spark.sparkContext.statusTracker()
+        began = time.monotonic()
+        while not stop.wait(PROGRESS_POLL_S):
+            if time.monotonic() - began < PROGRESS_QUIET_S:
+                continue
+            done = total = 0
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    done += info.numCompletedTasks
+                    total += info.numTasks
+            if total:
+                self._print(f"{label}: running, {done}/{total} tasks")
+
+
+def _write(df: DataFrame, path: str) -> int:
+    df.write.mode("overwrite").parquet(path)
+    return df.sparkSession.read.parquet(path).count()
+
+
+def _rows(spark: SparkSession, path: str, limit: int = REPORT_ROWS) -> list[dict]:
+    return [row.asDict(recursive=True) for row in spark.read.parquet(path).limit(limit).collect()]
+
+
+def _iso(value) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:                 # Spark hands back session-time-zone naive datetimes
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return value.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _headline(pairs: DataFrame) -> dict:
+    """One aggregate pass over the pairs for the figures no table holds."""
+    row = pairs.agg(F.count("*").alias("pairs"), F.min("time").alias("first"),
+                    F.max("time").alias("last"),
+                    F.array_sort(F.collect_set("proxy_instance")).alias("proxies"),
+                    F.countDistinct("client_id").alias("client_ids"),
+                    F.countDistinct("client_host").alias("client_hosts"),
+                    F.countDistinct("conn_key").alias("connections"),
+                    F.array_sort(F.collect_set("capture_version")).alias("versions"),
+                    F.sum(F.when(F.col("capture_version").isNull(), 1).otherwise(0)).alias("foreign"),
+                    ).first()
+    return row.asDict(recursive=True)
+
+
+def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | None = None,
+            progress: Progress | None = None) -> Result:
+    """Read the capture at ``paths`` and write every table, ``summary.json`` and the report to ``out``."""
+    options = options or Options()
+    if options.window_seconds <= 0 or options.top <= 0:
+        raise InputError("--window and --top must be positive")
+    stages = len(_PLAN) + 2 + (1 if options.report else 0)
+    progress = progress or Progress(spark, total=stages)
+    progress.total = stages
+    inputs, pairs = load_capture(spark, paths, options.fmt, options.since, options.until)
+    progress.note(_describe(inputs))
+    pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        head = progress.stage("read pairs", lambda: _headline(pairs),
+                              lambda h: f"{h['pairs']:,} pairs, {h['connections']:,} connections")
+        if head["foreign"]:
+            raise InputError("some rows have no capture_version: not all inputs are kproxy captures")
+        if not head["pairs"]:
+            raise InputError("the capture holds no request/response pairs"
+                             + (" in the --since/--until range" if options.since or options.until else ""))
+        os.makedirs(os.path.join(out, "tables"), exist_ok=True)
+        result = Result(out=out, summary={})
+        built: dict[str, DataFrame] = {}
+        removed = T.removed_versions(spark)
+        for name, make in _PLAN:
+            df = make(pairs, built, options, removed)
+            path = os.path.join(out, "tables", name)
+            progress.stage(name, lambda df=df, path=path: _write(df, path), lambda n: f"{n:,} rows")
+            built[name] = spark.read.parquet(path)
+            result.tables[name] = path
+        progress.stage("summary.json", lambda: _summary(spark, head, inputs, result, options),
+                       lambda s: f"{len(s['proxies'])} proxies, {s['client_ids']} client ids, "
+                                 f"{s['topics']} topics")
+        if options.report:
+            from .report import write_report
+            report_tables = {name: _rows(spark, path) for name, path in result.tables.items()}
+            result.report = progress.stage(
+                "report", lambda: write_report(out, report_tables, result.summary), lambda path: path)
+        return result
+    finally:
+        pairs.unpersist()
+
+
+def _describe(inputs: Inputs) -> str:
+    text = f"reading {len(inputs.files)} {inputs.format} file{'s' * (len(inputs.files) != 1)}"
+    extras = list(inputs.skipped)
+    if inputs.pruned:
+        extras.append(f"{inputs.pruned} files end before --since")
+    return text + (f" (left out: {'; '.join(extras)})" if extras else "")
+
+
+# name, builder(pairs, built tables, options, removed versions): the order respects dependencies.
+_PLAN = (
+    ("api_latency", lambda p, b, o, r: T.api_latency(p)),
+    ("api_errors", lambda p, b, o, r: T.api_errors(p)),
+    ("series", lambda p, b, o, r: T.series(p, o.window_seconds)),
+    ("anomalies", lambda p, b, o, r: T.anomalies(b["series"])),
+    ("clients", lambda p, b, o, r: T.clients(p)),
+    ("client_inventory", lambda p, b, o, r: T.client_inventory(p)),
+    ("upgrade_readiness", lambda p, b, o, r: T.upgrade_readiness(p, r)),
+    ("topic_clients", lambda p, b, o, r: T.topic_clients(p)),
+    ("topics", lambda p, b, o, r: T.topics(p, b["topic_clients"])),
+    ("rebalances", lambda p, b, o, r: T.rebalances(p)),
+    ("group_members", lambda p, b, o, r: T.group_members(p, o.window_seconds)),
+    ("group_errors", lambda p, b, o, r: T.group_errors(p)),
+    ("groups", lambda p, b, o, r: T.groups(p, b["rebalances"], b["group_members"], b["group_errors"])),
+    ("slowest", lambda p, b, o, r: T.slowest(p, o.top)),
+    ("connections", lambda p, b, o, r: T.connections(p)),
+)
+TABLE_NAMES = tuple(name for name, _ in _PLAN)
+
+
+def _summary(spark: SparkSession, head: dict, inputs: Inputs, result: Result, options: Options) -> dict:
+    """The headline figures (summary.json): from the headline pass and the small tables."""
+    read = spark.read.parquet
+    paths = result.tables
+    errors = (read(paths["api_errors"]).groupBy("error").agg(F.sum("pairs").alias("pairs"))
+              .orderBy(F.desc("pairs"), "error").limit(SUMMARY_TOP).collect())
+    worst = (read(paths["api_latency"])
+             .where((F.col("requests") >= WORST_P99_MIN_REQUESTS) & F.col("latency_p99_ms").isNotNull())
+             .orderBy(F.desc("latency_p99_ms")).limit(1).collect())
+    groups = read(paths["groups"]).agg(F.count("*").alias("n"), F.sum("rebalances").alias("r")).first()
+    first, last = head["first"], head["last"]
+    summary = {
+        "pairs": head["pairs"],
+        "first_time": _iso(first),
+        "last_time": _iso(last),
+        "span_seconds": (last - first).total_seconds(),
+        "proxies": head["proxies"],
+        "client_ids": head["client_ids"],
+        "client_addresses": head["client_hosts"],
+        "connections": head["connections"],
+        "topics": read(paths["topics"]).count(),
+        "apis": read(paths["api_latency"]).select("api_name").distinct().count(),
+        "top_errors": [{"error": r["error"], "pairs": r["pairs"]} for r in errors],
+        "worst_p99": ({"api": worst[0]["api_name"], "version": worst[0]["api_version"],
+                       "latency_p99_ms": worst[0]["latency_p99_ms"], "requests": worst[0]["requests"]}
+                      if worst else None),
+        "groups": groups["n"],
+        "rebalances": groups["r"] or 0,
+        "anomalies": read(paths["anomalies"]).count(),
+        "clients_on_removed_versions": read(paths["upgrade_readiness"])
+        .select("client_id", "client_host").distinct().count(),
+        "inputs": {"format": inputs.format, "files": len(inputs.files), "pruned_files": inputs.pruned},
+        "capture_versions": head["versions"],
+        "window_seconds": options.window_seconds,
+        "since": _iso(options.since), "until": _iso(options.until),
+        "percentile_accuracy": T.PERCENTILE_ACCURACY,
+        "generated_at": _iso(dt.datetime.now(dt.timezone.utc)),
+        "kproxy_version": __version__,
+        "spark_version": spark.version,
+    }
+    with open(os.path.join(result.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+        f.write("\n")
+    result.summary = summary
+    return summary

@@ -1,0 +1,379 @@
+"""The questions, one function each: a prepared capture DataFrame in, a table out.
+
+Every function takes the frame ``source.prepare`` returns (one row per
+request/response pair) and returns a DataFrame; nothing is collected to the
+driver and no Python runs per row (Spark SQL functions only), so each table
+scales with the cluster. A notebook user calls them directly::
+
+    from kproxy.pipeline import load_capture, tables
+    inputs, pairs = load_capture(spark, ["/var/lib/kproxy/capture"])
+    tables.api_latency(pairs).show()
+
+Percentiles are ``percentile_approx`` with ``PERCENTILE_ACCURACY``: the value
+returned for percentile p has a rank within ``n / PERCENTILE_ACCURACY`` of
+``p * n`` among the n values (Spark's guarantee), i.e. at most 0.01 % of the
+rows away from the exact percentile.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from ..protocol import schema as kafka_schema
+
+PERCENTILE_ACCURACY = 10_000        # Spark's default; rank error <= n / 10,000
+# Anomalies: a window is compared with its own API's series. It stands out when it
+# exceeds the series' median by ANOMALY_SPREADS robust spreads (1.4826 x median
+# absolute deviation, a standard deviation for normal data) AND by ANOMALY_MIN_RATIO
+# times the median, so a flat series with a tiny spread does not flag noise.
+ANOMALY_SPREADS = 5.0
+ANOMALY_MIN_RATIO = 2.0
+ANOMALY_MIN_WINDOWS = 5             # fewer windows give no baseline worth comparing with
+ANOMALY_MIN_REQUESTS = 20           # a p99 or an error rate of a handful of pairs says little
+ANOMALY_MIN_LATENCY_SPREAD_MS = 1.0     # floors for the spread: loopback series can be flat
+ANOMALY_MIN_ERROR_RATE_SPREAD = 0.01
+MAD_TO_SIGMA = 1.4826
+SHORT_LIVED_CONNECTION_S = 10.0     # a connection gone within this is churn, not a session
+
+PRODUCE_APIS = ("Produce",)
+FETCH_APIS = ("Fetch", "ShareFetch")
+CLASSIC_GROUP_APIS = ("JoinGroup", "SyncGroup", "Heartbeat", "LeaveGroup", "OffsetCommit",
+                      "TxnOffsetCommit", "OffsetFetch")
+HEARTBEAT_GROUP_APIS = ("ConsumerGroupHeartbeat", "ShareGroupHeartbeat", "StreamsGroupHeartbeat")
+# Errors that make a member rejoin (classic) or re-heartbeat from scratch (KIP-848).
+REBALANCE_ERRORS = ("REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION",
+                    "MEMBER_ID_REQUIRED", "FENCED_INSTANCE_ID", "UNRELEASED_INSTANCE_ID",
+                    "GROUP_MAX_SIZE_REACHED", "FENCED_MEMBER_EPOCH", "STALE_MEMBER_EPOCH",
+                    "UNKNOWN_SUBSCRIPTION_ID", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR")
+
+
+def _count_if(condition) -> F.Column:
+    return F.sum(F.when(condition, 1).otherwise(0))
+
+
+def _latency():
+    """Latency of pairs that were not empty long-polls (those wait by design)."""
+    return F.when(~F.col("long_poll"), F.col("latency_ms"))
+
+
+def _api_version_label() -> F.Column:
+    return F.concat(F.col("api_name"), F.lit(" v"), F.col("api_version").cast("string"))
+
+
+def _seconds_between(later: str, earlier: str) -> F.Column:
+    return (F.unix_micros(later) - F.unix_micros(earlier)) / 1e6
+
+
+# ------------------------------------------------------------------ 1. per API and version
+
+def api_latency(pairs: DataFrame) -> DataFrame:
+    """Per API and version: requests, latency percentiles, long-polls, bytes, errors, throttling."""
+    answered = F.col("outcome") == "response"
+    throttle = F.when(F.col("throttled"), F.col("throttle_ms"))
+    long_poll = F.when(F.col("long_poll"), F.col("latency_ms"))
+    return (pairs.groupBy("api_name", "api_key", "api_version")
+            .agg(F.count("*").alias("requests"),
+                 _count_if(answered).alias("answered"),
+                 F.percentile_approx(_latency(), [0.5, 0.95, 0.99], PERCENTILE_ACCURACY).alias("q"),
+                 F.max(_latency()).alias("latency_max_ms"),
+                 _count_if(F.col("long_poll")).alias("long_polls"),
+                 F.percentile_approx(long_poll, [0.5, 0.99], PERCENTILE_ACCURACY).alias("lq"),
+                 F.sum("request_size").alias("request_bytes"),
+                 F.sum(F.coalesce("response_size", F.lit(0))).alias("response_bytes"),
+                 _count_if(F.col("has_error")).alias("error_pairs"),
+                 _count_if(F.col("throttled")).alias("throttled"),
+                 F.percentile_approx(throttle, [0.5, 0.99], PERCENTILE_ACCURACY).alias("tq"),
+                 F.max(throttle).alias("throttle_max_ms"))
+            .select("api_name", "api_key", "api_version", "requests", "answered",
+                    F.col("q")[0].alias("latency_p50_ms"), F.col("q")[1].alias("latency_p95_ms"),
+                    F.col("q")[2].alias("latency_p99_ms"), "latency_max_ms",
+                    "long_polls", F.col("lq")[0].alias("long_poll_p50_ms"),
+                    F.col("lq")[1].alias("long_poll_p99_ms"),
+                    "request_bytes", "response_bytes", "error_pairs",
+                    (F.col("error_pairs") / F.col("answered")).alias("error_rate"),
+                    "throttled", (F.col("throttled") / F.col("answered")).alias("throttled_share"),
+                    F.col("tq")[0].alias("throttle_p50_ms"), F.col("tq")[1].alias("throttle_p99_ms"),
+                    "throttle_max_ms")
+            .orderBy("api_key", "api_version"))
+
+
+def api_errors(pairs: DataFrame) -> DataFrame:
+    """Per API, version and error name: pairs whose response carried it, and their share."""
+    totals = (pairs.where(F.col("outcome") == "response")
+              .groupBy("api_name", "api_version").agg(F.count("*").alias("answered")))
+    errors = (pairs.where(F.col("has_error"))
+              .select("api_name", "api_version", F.explode("errors").alias("error"))
+              .groupBy("api_name", "api_version", "error").agg(F.count("*").alias("pairs")))
+    return (errors.join(totals, ["api_name", "api_version"])
+            .withColumn("share", F.col("pairs") / F.col("answered"))
+            .orderBy(F.desc("pairs"), "api_name", "api_version", "error"))
+
+
+# ------------------------------------------------------------------ 2. time series and anomalies
+
+def series(pairs: DataFrame, window_seconds: int) -> DataFrame:
+    """Per time window and API: rate, p99 latency, bytes, errors, throttling."""
+    return (pairs.groupBy(F.window("time", f"{window_seconds} seconds").alias("w"), "api_name")
+            .agg(F.count("*").alias("requests"),
+                 F.percentile_approx(_latency(), 0.99, PERCENTILE_ACCURACY).alias("latency_p99_ms"),
+                 F.sum("request_size").alias("request_bytes"),
+                 F.sum(F.coalesce("response_size", F.lit(0))).alias("response_bytes"),
+                 _count_if(F.col("outcome") == "response").alias("answered"),
+                 _count_if(F.col("has_error")).alias("error_pairs"),
+                 _count_if(F.col("throttled")).alias("throttled"),
+                 F.max("throttle_ms").alias("throttle_max_ms"))
+            .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"),
+                    "api_name", "requests", (F.col("requests") / window_seconds).alias("rate_per_s"),
+                    "latency_p99_ms", "request_bytes", "response_bytes", "error_pairs",
+                    (F.col("error_pairs") / F.col("answered")).alias("error_rate"),
+                    "throttled", "throttle_max_ms")
+            .orderBy("window_start", "api_name"))
+
+
+def anomalies(series_table: DataFrame) -> DataFrame:
+    """Windows whose p99 latency or error rate stands far above their API's own baseline."""
+    metrics = [("latency_p99_ms", ANOMALY_MIN_LATENCY_SPREAD_MS, "%.1f ms"),
+               ("error_rate", ANOMALY_MIN_ERROR_RATE_SPREAD, "%.3f")]
+    found = None
+    busy = series_table.where(F.col("requests") >= ANOMALY_MIN_REQUESTS)
+    per_api = Window.partitionBy("api_name")
+    for metric, floor, fmt in metrics:
+        values = (busy.where(F.col(metric).isNotNull())
+                  .select("window_start", "api_name", "requests", F.col(metric).alias("value"))
+                  .withColumn("baseline", F.median("value").over(per_api))
+                  .withColumn("windows", F.count("*").over(per_api)))
+        values = (values.withColumn("spread", MAD_TO_SIGMA * F.median(
+                      F.abs(F.col("value") - F.col("baseline"))).over(per_api))
+                  .withColumn("spread", F.greatest("spread", F.lit(floor),
+                                                   F.col("baseline") * 0.1)))
+        flagged = (values.where((F.col("windows") >= ANOMALY_MIN_WINDOWS)
+                                & (F.col("value") > F.col("baseline") + ANOMALY_SPREADS * F.col("spread"))
+                                & (F.col("value") >= ANOMALY_MIN_RATIO * F.col("baseline")))
+                   .select("window_start", "api_name", F.lit(metric).alias("metric"), "value",
+                           "baseline", "spread",
+                           ((F.col("value") - F.col("baseline")) / F.col("spread")).alias("score"),
+                           "requests",
+                           F.format_string(f"{metric} {fmt} vs baseline {fmt} (spread {fmt}) over "
+                                           "%d windows; %d requests in this window",
+                                           "value", "baseline", "spread", "windows",
+                                           "requests").alias("evidence")))
+        found = flagged if found is None else found.unionByName(flagged)
+    return found.orderBy(F.desc("score"))
+
+
+# ------------------------------------------------------------------ 3. clients
+
+def clients(pairs: DataFrame) -> DataFrame:
+    """Per client_id and client address: traffic, records, errors, API versions used."""
+    return (pairs.groupBy("client_id", "client_host")
+            .agg(F.countDistinct("conn_key").alias("connections"),
+                 F.count("*").alias("requests"),
+                 F.sum("request_size").alias("request_bytes"),
+                 F.sum(F.coalesce("response_size", F.lit(0))).alias("response_bytes"),
+                 F.sum(F.when(F.col("api_name").isin(*PRODUCE_APIS), F.col("record_count"))
+                       ).alias("records_produced"),
+                 F.sum(F.when(F.col("api_name").isin(*FETCH_APIS), F.col("record_count"))
+                       ).alias("records_fetched"),
+                 _count_if(F.col("has_error")).alias("error_pairs"),
+                 F.array_sort(F.collect_set(_api_version_label())).alias("api_versions"),
+                 F.array_sort(F.collect_set(F.concat_ws(" ", "client_software_name",
+                                                        "client_software_version"))).alias("software"),
+                 F.array_sort(F.collect_set("proxy_instance")).alias("proxies"),
+                 F.min("time").alias("first_seen"), F.max("time").alias("last_seen"))
+            .withColumn("records_produced", F.coalesce("records_produced", F.lit(0)))
+            .withColumn("records_fetched", F.coalesce("records_fetched", F.lit(0)))
+            .orderBy(F.desc("requests"), "client_id", "client_host"))
+
+
+def _connections(pairs: DataFrame) -> DataFrame:
+    """One row per proxied connection (client, software, times, requests, versions)."""
+    return (pairs.groupBy("conn_key")
+            .agg(F.max("client_id").alias("client_id"), F.max("client_host").alias("client_host"),
+                 F.max("proxy_instance").alias("proxy_instance"),
+                 F.max("client_software_name").alias("client_software_name"),
+                 F.max("client_software_version").alias("client_software_version"),
+                 F.min(F.coalesce("connection_start", "time")).alias("opened"),
+                 F.max("end_time").alias("last_active"),
+                 F.count("*").alias("requests"),
+                 F.collect_set(_api_version_label()).alias("api_versions"))
+            .withColumn("lifetime_s", _seconds_between("last_active", "opened")))
+
+
+def client_inventory(pairs: DataFrame) -> DataFrame:
+    """Client software (ApiVersions v3+, KIP-511) by name and version, with who runs it."""
+    return (_connections(pairs)
+            .groupBy(F.coalesce("client_software_name", F.lit("unknown")).alias("client_software_name"),
+                     F.coalesce("client_software_version", F.lit("unknown")).alias("client_software_version"),
+                     "client_id", "client_host")
+            .agg(F.count("*").alias("connections"), F.sum("requests").alias("requests"),
+                 F.array_sort(F.array_distinct(F.flatten(F.collect_list("api_versions")))).alias("api_versions"),
+                 F.min("opened").alias("first_seen"), F.max("last_active").alias("last_seen"))
+            .orderBy("client_software_name", "client_software_version", "client_id", "client_host"))
+
+
+def removed_versions(spark) -> DataFrame:
+    """(api_key, lowest, highest) request versions Kafka 4.0 removed (KIP-896), from the schema."""
+    rows = [(key, lo, hi) for key in sorted(kafka_schema.API_NAMES)
+            if (span := kafka_schema.removed_versions(key)) is not None for lo, hi in [span]]
+    return spark.createDataFrame(rows, "api_key short, removed_lo short, removed_hi short")
+
+
+def upgrade_readiness(pairs: DataFrame, removed: DataFrame) -> DataFrame:
+    """Clients still sending request versions that Kafka 4.0 removed: they break on upgrade."""
+    return (pairs.join(F.broadcast(removed), "api_key")
+            .where(F.col("api_version").between(F.col("removed_lo"), F.col("removed_hi")))
+            .groupBy("client_id", "client_host",
+                     F.coalesce("client_software_name", F.lit("unknown")).alias("client_software_name"),
+                     F.coalesce("client_software_version", F.lit("unknown")).alias("client_software_version"),
+                     "api_name", "api_version")
+            .agg(F.count("*").alias("requests"), F.first(F.concat(
+                     F.lit("v"), F.col("removed_lo").cast("string"), F.lit("-v"),
+                     F.col("removed_hi").cast("string"))).alias("removed_versions"),
+                 F.min("time").alias("first_seen"), F.max("time").alias("last_seen"))
+            .orderBy("client_id", "client_host", "api_name", "api_version"))
+
+
+# ------------------------------------------------------------------ 4. topics
+
+def topic_clients(pairs: DataFrame) -> DataFrame:
+    """Per topic and client_id: records and bytes produced (role producer) or fetched (consumer)."""
+    role = (F.when(F.col("api_name").isin(*PRODUCE_APIS), F.lit("producer"))
+            .when(F.col("api_name").isin(*FETCH_APIS), F.lit("consumer")))
+    return (pairs.where(F.col("topic_records").isNotNull())
+            .select(role.alias("role"), "client_id", F.explode("topic_records").alias("t"))
+            .where(F.col("role").isNotNull())
+            .groupBy(F.col("t.topic").alias("topic"), "role", "client_id")
+            .agg(F.count("*").alias("requests"), F.sum("t.record_count").alias("records"),
+                 F.sum("t.record_bytes").alias("bytes"))
+            .orderBy("topic", "role", F.desc("records"), "client_id"))
+
+
+def topics(pairs: DataFrame, flows: DataFrame) -> DataFrame:
+    """Per topic: records and bytes in and out, who produces, who consumes, pairs naming it."""
+    producer = F.col("role") == "producer"
+    consumer = F.col("role") == "consumer"
+    traffic = flows.groupBy("topic").agg(
+        F.sum(F.when(producer, F.col("records"))).alias("produced_records"),
+        F.sum(F.when(producer, F.col("bytes"))).alias("produced_bytes"),
+        F.sum(F.when(consumer, F.col("records"))).alias("fetched_records"),
+        F.sum(F.when(consumer, F.col("bytes"))).alias("fetched_bytes"),
+        F.array_sort(F.collect_set(F.when(producer, F.col("client_id")))).alias("producers"),
+        F.array_sort(F.collect_set(F.when(consumer, F.col("client_id")))).alias("consumers"))
+    named = (pairs.select(F.explode("topics").alias("topic"))
+             .groupBy("topic").agg(F.count("*").alias("pairs")))
+    zero = F.lit(0).cast("long")
+    return (named.join(traffic, "topic", "left")
+            .select("topic", "pairs",
+                    *(F.coalesce(c, zero).alias(c) for c in
+                      ("produced_records", "produced_bytes", "fetched_records", "fetched_bytes")),
+                    F.coalesce("producers", F.array()).alias("producers"),
+                    F.coalesce("consumers", F.array()).alias("consumers"))
+            .orderBy(F.desc("produced_records"), F.desc("fetched_records"), "topic"))
+
+
+# ------------------------------------------------------------------ 5. consumer groups
+
+def _group_pairs(pairs: DataFrame) -> DataFrame:
+    return pairs.where(F.col("group_id").isNotNull() & (F.col("group_id") != ""))
+
+
+def rebalances(pairs: DataFrame) -> DataFrame:
+    """One row per generation a group went through (its first formation included).
+
+    Classic protocol: a JoinGroup round that gave out generation g, from its first
+    JoinGroup request to the last SyncGroup answer for g (null if never seen).
+    KIP-848 (ConsumerGroupHeartbeat): each member epoch the coordinator handed out,
+    from the first member to reach it to the last (each member's first answer at it).
+    """
+    grouped = _group_pairs(pairs).where(F.col("outcome") == "response")
+    ok = ~F.col("has_error") & F.col("generation").isNotNull() & (F.col("generation") >= 0)
+    joins = (grouped.where((F.col("api_name") == "JoinGroup") & ok)
+             .groupBy("group_id", "generation")
+             .agg(F.min("time").alias("started"), F.countDistinct("member_id").alias("members")))
+    syncs = (grouped.where((F.col("api_name") == "SyncGroup") & ok)
+             .groupBy("group_id", "generation").agg(F.max("end_time").alias("completed")))
+    classic = (joins.join(syncs, ["group_id", "generation"], "left")
+               .select("group_id", F.lit("classic").alias("protocol"), "generation", "started",
+                       "completed", "members"))
+    reached = (grouped.where(F.col("api_name").isin(*HEARTBEAT_GROUP_APIS) & ok
+                             & (F.col("generation") > 0))
+               .groupBy("group_id", "generation", "member_id").agg(F.min("end_time").alias("at")))
+    consumer = (reached.groupBy("group_id", "generation")
+                .agg(F.min("at").alias("started"), F.max("at").alias("completed"),
+                     F.count("*").alias("members"))
+                .select("group_id", F.lit("consumer").alias("protocol"), "generation", "started",
+                        "completed", "members"))
+    return (classic.unionByName(consumer)
+            .withColumn("duration_s", _seconds_between("completed", "started"))
+            .orderBy("group_id", "started"))
+
+
+def group_members(pairs: DataFrame, window_seconds: int) -> DataFrame:
+    """Distinct members active per group and time window."""
+    return (_group_pairs(pairs).where(F.col("member_id").isNotNull())
+            .groupBy(F.window("time", f"{window_seconds} seconds").alias("w"), "group_id")
+            .agg(F.countDistinct("member_id").alias("members"))
+            .select(F.col("w.start").alias("window_start"), "group_id", "members")
+            .orderBy("window_start", "group_id"))
+
+
+def group_errors(pairs: DataFrame) -> DataFrame:
+    """Errors in group API answers that force members to rejoin, per group, API and error."""
+    return (_group_pairs(pairs).where(F.col("has_error"))
+            .select("group_id", "api_name", "time", F.explode("errors").alias("error"))
+            .where(F.col("error").isin(*REBALANCE_ERRORS))
+            .groupBy("group_id", "api_name", "error")
+            .agg(F.count("*").alias("pairs"), F.min("time").alias("first_seen"),
+                 F.max("time").alias("last_seen"))
+            .orderBy("group_id", F.desc("pairs")))
+
+
+def groups(pairs: DataFrame, generations: DataFrame, members: DataFrame, errors: DataFrame) -> DataFrame:
+    """Per group: protocol, members, rebalances and their durations, errors, commits."""
+    base = (_group_pairs(pairs).groupBy("group_id")
+            .agg(F.countDistinct("member_id").alias("members_seen"),
+                 F.array_sort(F.collect_set("client_id")).alias("client_ids"),
+                 _count_if(F.col("api_name").isin("OffsetCommit", "TxnOffsetCommit")).alias("commits"),
+                 F.min("time").alias("first_seen"), F.max("time").alias("last_seen")))
+    churn = (generations.groupBy("group_id")
+             .agg(F.array_sort(F.collect_set("protocol")).alias("protocols"),
+                  F.count("*").alias("rebalances"),
+                  F.percentile_approx("duration_s", 0.5, PERCENTILE_ACCURACY).alias("rebalance_p50_s"),
+                  F.max("duration_s").alias("rebalance_max_s")))
+    peak = members.groupBy("group_id").agg(F.max("members").alias("members_peak"))
+    forced = errors.groupBy("group_id").agg(F.sum("pairs").alias("rejoin_errors"))
+    return (base.join(churn, "group_id", "left").join(peak, "group_id", "left")
+            .join(forced, "group_id", "left")
+            .select("group_id", F.coalesce("protocols", F.array()).alias("protocols"),
+                    "members_seen", F.coalesce("members_peak", F.lit(0)).alias("members_peak"),
+                    F.coalesce("rebalances", F.lit(0)).alias("rebalances"),
+                    "rebalance_p50_s", "rebalance_max_s",
+                    F.coalesce("rejoin_errors", F.lit(0)).alias("rejoin_errors"),
+                    "commits", "client_ids", "first_seen", "last_seen")
+            .orderBy(F.desc("rebalances"), "group_id"))
+
+
+# ------------------------------------------------------------------ 6. slow pairs, churn
+
+def slowest(pairs: DataFrame, top: int) -> DataFrame:
+    """The ``top`` slowest answered pairs (empty long-polls excluded: they wait by design)."""
+    return (pairs.where(F.col("latency_ms").isNotNull() & ~F.col("long_poll"))
+            .orderBy(F.desc("latency_ms"))
+            .limit(top)
+            .select("time", "proxy_instance", "connection_id", "client_host", "client_port",
+                    "client_id", "api_name", "api_version", "correlation_id", "latency_ms",
+                    "request_size", "response_size", "topics", "errors"))
+
+
+def connections(pairs: DataFrame) -> DataFrame:
+    """Connection churn per client: connections opened, lifetimes, short-lived ones."""
+    return (_connections(pairs)
+            .groupBy("client_id", "client_host", "proxy_instance")
+            .agg(F.count("*").alias("connections"),
+                 _count_if(F.col("lifetime_s") < SHORT_LIVED_CONNECTION_S).alias("short_lived"),
+                 F.percentile_approx("lifetime_s", 0.5, PERCENTILE_ACCURACY).alias("lifetime_p50_s"),
+                 F.max("lifetime_s").alias("lifetime_max_s"),
+                 F.avg("requests").alias("requests_per_connection"),
+                 F.min("opened").alias("first_opened"), F.max("opened").alias("last_opened"))
+            .orderBy(F.desc("connections"), "client_id", "client_host"))

@@ -1,0 +1,45 @@
+"""One local SparkSession for every pipeline test (starting one costs seconds).
+
+Settings from DESIGN.md that keep Spark quick on two cores: ``local[2]``, no UI,
+no console progress bar, two shuffle partitions, UTC, loopback only. Tests that
+use it get the ``spark`` marker, so ``pytest -m "not spark"`` leaves them out.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kproxy.pipeline.cli import LOG4J_CONFIG
+from kproxy.pipeline.synthetic import write_synthetic
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+    session = (SparkSession.builder.master("local[2]").appName("kproxy-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.extraJavaOptions",
+                       f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}")
+               .getOrCreate())
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def synthetic_capture(tmp_path_factory):
+    """A directory of synthetic capture Parquet files (20,000 pairs, 4 files)."""
+    directory = tmp_path_factory.mktemp("synthetic-capture")
+    write_synthetic(str(directory), 20_000, files=4, seed=7)
+    return directory
