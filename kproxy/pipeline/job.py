@@ -139,6 +139,8 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
     stages = len(_PLAN) + 2 + (1 if options.report else 0)
     progress = progress or Progress(spark, total=stages)
     progress.total = stages
+    # Tables in the modern Parquet timestamp type (not Spark's legacy INT96), for every reader.
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     inputs, pairs = load_capture(spark, paths, options.fmt, options.since, options.until)
     progress.note(_describe(inputs))
     pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)

@@ -111,8 +111,9 @@ def resolve_inputs(paths: list[str], fmt: str = "auto", since: dt.datetime | Non
     if not files:
         raise InputError(f"no {fmt} capture files in {' '.join(paths)}")
     kept, pruned = prune_before(files, since) if since is not None else (files, 0)
-    for path in kept:
-        check_file(path, fmt)
+    rows = sum(check_file(path, fmt) for path in kept)
+    if rows == 0:
+        raise InputError(f"the capture in {' '.join(paths)} holds no request/response pairs")
     return Inputs(tuple(kept), fmt, skipped, pruned)
 
 
@@ -148,25 +149,30 @@ def prune_before(files: list[str], since: dt.datetime) -> tuple[list[str], int]:
     return sorted(kept), pruned
 
 
-def check_file(path: str, fmt: str) -> None:
-    """Refuse a file that is not a kproxy capture of a version this pipeline reads."""
+def check_file(path: str, fmt: str) -> int:
+    """Refuse a file that is not a kproxy capture of a version this pipeline reads.
+
+    Returns its row count when the footer says (Parquet), else 1 for a non-empty file.
+    """
     if fmt == "parquet":
         import pyarrow.parquet as pq
         try:
-            schema = pq.read_schema(path)
+            metadata = pq.read_metadata(path)
         except Exception as exc:        # pyarrow raises several types for a non-Parquet file
             raise InputError(f"{path}: not a Parquet file ({exc})") from None
+        schema = metadata.schema.to_arrow_schema()
         raw = (schema.metadata or {}).get(SCHEMA_VERSION_KEY)
         if raw is None or "capture_version" not in schema.names:
             raise InputError(f"{path}: a Parquet file without kproxy's capture schema")
-        version = int(raw)
+        version, rows = int(raw), metadata.num_rows
     else:
         if path.endswith(".gz"):
-            return                       # checked row by row once Spark reads it
+            return 1                     # checked row by row once Spark reads it
         with open(path, "rb") as f:
             first = f.readline()
         if not first.strip():
-            return                       # an empty file: nothing to misread
+            return 0                     # an empty file: nothing to misread
+        rows = 1
         try:
             version = json.loads(first)["capture_version"]
         except (ValueError, KeyError, TypeError):
@@ -174,6 +180,7 @@ def check_file(path: str, fmt: str) -> None:
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise InputError(f"{path}: capture schema version {version}; this kproxy reads up to "
                          f"{SCHEMA_VERSION} (upgrade kproxy)")
+    return rows
 
 
 # ------------------------------------------------------------------ Spark side
