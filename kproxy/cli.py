@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import secrets
 import socket
 import sys
 import threading
@@ -18,6 +19,7 @@ DEMO_TOPIC = "kproxy-demo"
 DEMO_BATCH = 20               # messages produced (and consumed) per traffic round
 DEMO_ROUND_PAUSE_S = 3.0      # slow enough to read the decoded lines as they scroll
 DEMO_CLIENT_CLOSE_S = 15.0    # a consumer's final commit and leave-group fit well within this
+DEMO_CAPTURE_ROOT = "/tmp/kproxy-capture"   # the demo's captures go here and nowhere else
 
 
 def _free_port() -> int:
@@ -84,10 +86,12 @@ async def _demo(args) -> int:
     cluster = KafkaCluster(1)
     await asyncio.to_thread(cluster.start)
     try:
+        admin_token = secrets.token_hex(16)          # this demo's own: capture control needs one
         config = config_module.build({
             "upstream": cluster.bootstrap_servers, "listen": f"127.0.0.1:{listen_port}",
             "admin_listen": f"127.0.0.1:{args.admin_port or _free_port()}",
-            "broker_port_base": args.broker_port_base or _free_port()})
+            "broker_port_base": args.broker_port_base or _free_port(),
+            "capture_root": DEMO_CAPTURE_ROOT, "admin_token": admin_token})
         runtime = Runtime(config, observers=[print_event_lines])
         await runtime.start()
         node = cluster.nodes[0]
@@ -95,8 +99,8 @@ async def _demo(args) -> int:
               f"kproxy bootstrap   127.0.0.1:{listen_port}  <- point bootstrap.servers here\n"
               f"metrics            {runtime.admin_url}/metrics\n"
               f"health / ready     {runtime.admin_url}/healthz  {runtime.admin_url}/readyz\n"
-              f"capture            curl -X POST {runtime.admin_url}/capture/start "
-              f"-d '{{\"directory\": \"/tmp/kproxy-capture\"}}'   (then kproxy capture stats /tmp/kproxy-capture)\n"
+              f"capture            curl -X POST -H 'Authorization: Bearer {admin_token}' "
+              f"{runtime.admin_url}/capture/start   (then kproxy capture stats {DEMO_CAPTURE_ROOT})\n"
               f"Ctrl-C stops the demo and the broker.\n", flush=True)
         stop = threading.Event()
         traffic = threading.Thread(target=_demo_traffic, args=(f"127.0.0.1:{listen_port}", stop),
