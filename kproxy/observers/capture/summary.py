@@ -17,7 +17,7 @@ from typing import Any
 from ...protocol import DecodeError, Struct, error_name, schema
 from ...protocol.records import iter_batches
 from .filters import header_client_id
-from .redact import to_json
+from .redact import inflate, to_json
 
 SCHEMA_VERSION = 1
 # Topic ids remembered from Metadata (and the like) to name topics in Fetch v13+ etc.
@@ -177,7 +177,7 @@ def _records(blob, facts: Facts, topic: str) -> None:
             count = batch.record_count
             if count is None:                     # legacy compressed wrapper: count inside
                 try:
-                    count = len(batch.records())
+                    count = len(inflate(batch))       # bounded; a bomb is counted and skipped
                 except DecodeError:
                     count = 0
             facts.records += count
