@@ -202,7 +202,8 @@ def _capture_root(values: dict[str, Any]) -> None:
     from .observers.capture.files import directory_in_root
     table = values.get("capture")
     configured = values.get("capture_root")
-    if configured is None and table is not None and table.get("directory") is not None:
+    derived = configured is None and table is not None and table.get("directory") is not None
+    if derived:
         configured = str(table["directory"])
     if configured is None:
         return
@@ -212,7 +213,7 @@ def _capture_root(values: dict[str, Any]) -> None:
     root = values["capture_root"] = os.path.realpath(configured)
     if table is None:
         return
-    directory = str(table.get("directory") or root)
+    directory = root if derived else str(table.get("directory") or root)
     if os.path.isabs(directory) and os.path.commonpath([os.path.normpath(directory), configured]) == configured:
         directory = os.path.relpath(os.path.normpath(directory), configured)   # as spelt in capture_root
     try:

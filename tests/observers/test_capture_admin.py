@@ -340,7 +340,7 @@ def test_admin_token_settings(tmp_path):
     assert TOKEN not in str(refused.value)
 
 
-def test_capture_root_settings(tmp_path):
+def test_capture_root_settings(tmp_path, monkeypatch):
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "alias").symlink_to(real)
@@ -353,6 +353,9 @@ def test_capture_root_settings(tmp_path):
     assert config.capture["directory"] == str(real / "b")
     # Without capture_root, the table's directory is the root.
     config = kconfig.build({"upstream": "b:1", "capture": {"directory": str(tmp_path / "alias")}})
+    assert config.capture_root == config.capture["directory"] == str(real)
+    monkeypatch.chdir(tmp_path)           # a relative table directory: relative to the process's cwd
+    config = kconfig.build({"upstream": "b:1", "capture": {"directory": "alias"}})
     assert config.capture_root == config.capture["directory"] == str(real)
     assert kconfig.build({"upstream": "b:1"}).capture_root is None
     for table, message in (({"directory": "/etc"}, "outside capture_root"),
