@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import secrets
 import signal
 import socket
 import statistics
@@ -68,9 +70,13 @@ class ProxyProcess:
                       "--admin-listen", self.admin, "--broker-port-base", str(free_port()),
                       "--log-level", "WARNING"]
         self.process: subprocess.Popen | None = None
+        # Capture control needs the admin token; captures go under the system's temp directory.
+        self.token = secrets.token_hex(24)
+        self.env = {**os.environ, "KPROXY_ADMIN_TOKEN": self.token,
+                    "KPROXY_CAPTURE_ROOT": tempfile.gettempdir()}
 
     def __enter__(self):
-        self.process = subprocess.Popen(self.argv)
+        self.process = subprocess.Popen(self.argv, env=self.env)
         deadline = time.monotonic() + PROXY_START_TIMEOUT_S
         while True:
             try:
@@ -94,7 +100,8 @@ class ProxyProcess:
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict | str]:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"http://{self.admin}{path}", data=data, method=method)
+        req = urllib.request.Request(f"http://{self.admin}{path}", data=data, method=method,
+                                     headers={"Authorization": f"Bearer {self.token}"})
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 status, text = resp.status, resp.read().decode()

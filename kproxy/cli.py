@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import secrets
 import sys
 import threading
 import time
@@ -22,6 +23,7 @@ DEMO_CLIENT_CLOSE_S = 15.0    # a consumer's final commit and leave-group fit we
 DEMO_READY_TIMEOUT_S = 60.0   # topic created and the consumer's partitions assigned
 DEMO_CONSUME_TIMEOUT_S = 10.0 # a round's messages back through kproxy
 DEMO_POLL_MS = 500
+DEMO_CAPTURE_ROOT = "/tmp/kproxy-capture"   # the demo's captures go here and nowhere else
 
 
 def say(line: str) -> None:
@@ -121,10 +123,12 @@ async def _demo(args) -> int:
     try:
         # Port 0 everywhere unless asked otherwise: kproxy binds first and advertises
         # what it bound, so no other process can take a port between choosing and using it.
+        admin_token = secrets.token_hex(16)          # this demo's own: capture control needs one
         config = config_module.build({
             "upstream": cluster.bootstrap_servers, "listen": f"127.0.0.1:{args.port}",
             "admin_listen": f"127.0.0.1:{args.admin_port}",
-            "broker_port_base": args.broker_port_base})
+            "broker_port_base": args.broker_port_base,
+            "capture_root": DEMO_CAPTURE_ROOT, "admin_token": admin_token})
         runtime = Runtime(config, observers=[print_event_lines])
         await runtime.start()
         node = cluster.nodes[0]
@@ -133,8 +137,8 @@ async def _demo(args) -> int:
             f"kproxy bootstrap   {host}:{port}  <- point bootstrap.servers here\n"
             f"metrics            {runtime.admin_url}/metrics\n"
             f"health / ready     {runtime.admin_url}/healthz  {runtime.admin_url}/readyz\n"
-            f"capture            curl -X POST {runtime.admin_url}/capture/start "
-            f"-d '{{\"directory\": \"/tmp/kproxy-capture\"}}'   (then kproxy capture stats /tmp/kproxy-capture)\n"
+            f"capture            curl -X POST -H 'Authorization: Bearer {admin_token}' "
+            f"{runtime.admin_url}/capture/start   (then kproxy capture stats {DEMO_CAPTURE_ROOT})\n"
             f"One line per request/response pair follows; errors= names the Kafka error codes in a\n"
             f"response (a fresh broker answers the first coordinator requests with retriable ones).\n"
             f"Ctrl-C stops the demo and the broker.\n")

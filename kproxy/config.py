@@ -35,6 +35,9 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 # Distinct client_id/topic label values per metric before the rest fold into "other": enough
 # for a real fleet, small enough that a client inventing ids cannot explode the series count.
 DEFAULT_METRICS_LABEL_CAP = 100
+# The admin token guards capture control: shorter ones can be guessed (16 random
+# characters of base64 are 96 bits; `openssl rand -hex 32` gives 64 characters).
+MIN_ADMIN_TOKEN_CHARS = 16
 
 
 class ConfigError(ValueError):
@@ -106,6 +109,19 @@ class Config:
     # This kproxy's name in capture rows (proxy_instance), so captures merged from many
     # sidecars stay apart; the host name (a pod's name in Kubernetes) unless set.
     instance_name: str = field(default_factory=socket.gethostname)
+    # Captures are written only under this directory, resolved once here: a directory
+    # from the admin listener or the capture table must lie inside it (no '..', no
+    # symbolic links below it). Default: the capture table's directory; neither set:
+    # captures cannot be started.
+    capture_root: str | None = None
+    # Record keys, values and header values reach capture files only if the operator
+    # sets this (file or env); a request to the admin listener alone cannot.
+    capture_allow_record_data: bool = False
+    # The bearer token GET /capture and POST /capture/start|stop require, read from
+    # admin_token_file (e.g. a mounted Secret) or the KPROXY_ADMIN_TOKEN env var. Never
+    # logged, never in repr. Unset: capture control over HTTP is refused.
+    admin_token_file: str | None = None
+    admin_token: str | None = field(default=None, repr=False)
 
     @property
     def port_base(self) -> int:
@@ -123,6 +139,8 @@ _SCALARS: dict[str, type] = {
     "cap_api_versions": bool, "log_level": str, "metrics_client_id_label": bool,
     "metrics_topic_label": bool, "metrics_label_cap": int, "capture_autostart": bool,
     "instance_name": str,
+    "capture_root": str, "capture_allow_record_data": bool, "admin_token_file": str,
+    "admin_token": str,
 }
 _KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "broker_port_map",
                           "tls_server", "tls_client", "capture"}
@@ -175,12 +193,69 @@ def _capture(value: Any) -> dict[str, Any]:
             raise ConfigError(f"capture: expected a JSON object ({exc})") from None
     if not isinstance(value, Mapping):
         raise ConfigError("capture: expected a table of settings")
-    merged = {"directory": "kproxy-capture", **value}
     try:
-        CaptureConfig.from_dict(merged)
+        CaptureConfig.from_dict({"directory": "checked-with-capture_root", **value})
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return merged
+    return dict(value)
+
+
+def _capture_root(values: dict[str, Any]) -> None:
+    """Resolve capture_root once (default: the capture table's directory) and put the
+    table's directory inside it: a relative one is taken under the root."""
+    from .observers.capture import CaptureConfig
+    from .observers.capture.files import directory_in_root
+    table = values.get("capture")
+    configured = values.get("capture_root")
+    derived = configured is None and table is not None and table.get("directory") is not None
+    if derived:
+        configured = str(table["directory"])
+    if configured is None:
+        return
+    if not configured.strip() or "\x00" in configured:
+        raise ConfigError(f"capture_root: expected a directory path, got {configured!r}")
+    configured = os.path.abspath(configured)
+    root = values["capture_root"] = os.path.realpath(configured)
+    if table is None:
+        return
+    directory = root if derived else str(table.get("directory") or root)
+    if os.path.isabs(directory) and os.path.commonpath([os.path.normpath(directory), configured]) == configured:
+        directory = os.path.relpath(os.path.normpath(directory), configured)   # as spelt in capture_root
+    try:
+        table = values["capture"] = {**table, "directory": directory_in_root(root, directory)}
+        wants_record_data = CaptureConfig.from_dict(table).include_record_data
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if wants_record_data and not values.get("capture_allow_record_data"):
+        raise ConfigError("capture.include_record_data: needs capture_allow_record_data = true as well "
+                          "(record keys and values are captured only on that explicit setting)")
+
+
+def _admin_token(values: dict[str, Any]) -> None:
+    """Read the admin token from admin_token_file, or take KPROXY_ADMIN_TOKEN's, and check
+    it. Error messages never quote the token."""
+    token, path = values.get("admin_token"), values.get("admin_token_file")
+    key = "admin_token"
+    if path is not None:
+        if token is not None:
+            raise ConfigError("admin_token_file: set it or KPROXY_ADMIN_TOKEN, not both")
+        key = "admin_token_file"
+        try:
+            token = Path(path).read_bytes().decode("ascii")
+        except OSError as exc:
+            raise ConfigError(f"admin_token_file: cannot read {path!r}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"admin_token_file: {path!r} must hold the token as ASCII text") from None
+    if token is None:
+        return
+    token = token.strip()
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:
+        raise ConfigError(f"{key}: the token must be at least {MIN_ADMIN_TOKEN_CHARS} characters "
+                          f"(it has {len(token)}); e.g. `openssl rand -hex 32`")
+    if not all(0x21 <= ord(c) <= 0x7E for c in token):
+        raise ConfigError(f"{key}: the token must be printable ASCII without spaces "
+                          f"(it travels in an Authorization header)")
+    values["admin_token"] = token
 
 
 def read_file(path: str | Path) -> dict[str, Any]:
@@ -247,6 +322,8 @@ def build(*layers: Mapping[str, Any]) -> Config:
     values["tls_client"] = _tls("tls_client", raw.pop("tls_client", None), TLSClient)
     for key, value in raw.items():
         values[key] = _coerce(key, value, _SCALARS[key])
+    _capture_root(values)
+    _admin_token(values)
     config = Config(**values)
     _validate(config)
     return config
@@ -300,5 +377,8 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
          overrides: Mapping[str, Any] | None = None) -> Config:
     """defaults < file < env < overrides (flags)."""
     file_layer = read_file(path) if path else {}
+    if "admin_token" in file_layer:
+        raise ConfigError("admin_token: not in the config file (config files are read by many); "
+                          "use admin_token_file or the KPROXY_ADMIN_TOKEN env var")
     env_layer = from_env(os.environ if environ is None else environ)
     return build(file_layer, env_layer, overrides or {})

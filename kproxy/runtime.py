@@ -30,6 +30,10 @@ from .proxy.server import Proxy
 
 log = logging.getLogger("kproxy")
 
+# Need the admin token. The status is included: it names the capture directory, file
+# names and filters (client ids, topics); capture's counters stay public on /metrics.
+CAPTURE_ROUTES = frozenset({"/capture", "/capture/start", "/capture/stop"})
+
 
 # glibc's malloc maps every allocation above a moving threshold (128 KiB at first) with
 # mmap and unmaps it on free, so each MB-sized frame buffer arrives as fresh pages to
@@ -82,7 +86,7 @@ class Runtime:
             "/capture": self._capture_status,
             "/capture/start": {"POST": self._capture_start},
             "/capture/stop": {"POST": self._capture_stop},
-        })
+        }, admin_token=config.admin_token, protected=CAPTURE_ROUTES)
 
     async def _metrics(self):
         return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
@@ -94,8 +98,13 @@ class Runtime:
         settings = capture_control.parse_json_body(body)
         if isinstance(settings, tuple):                        # (400, error)
             return _json(*settings)
-        return _json(*await asyncio.to_thread(
-            capture_control.start_capture, self.capture, settings, self.config.capture))
+        return _json(*await asyncio.to_thread(self._start_capture, settings))
+
+    def _start_capture(self, settings: dict) -> tuple[int, dict]:
+        """The operator's settings bound every start: root, record data, table defaults."""
+        return capture_control.start_capture(
+            self.capture, settings, self.config.capture, root=self.config.capture_root,
+            allow_record_data=self.config.capture_allow_record_data)
 
     async def _capture_stop(self, body: bytes):
         return _json(*await asyncio.to_thread(capture_control.stop_capture, self.capture))
@@ -123,8 +132,7 @@ class Runtime:
 
     async def start(self) -> None:
         if self.config.capture_autostart:
-            status, detail = await asyncio.to_thread(
-                capture_control.start_capture, self.capture, {}, self.config.capture)
+            status, detail = await asyncio.to_thread(self._start_capture, {})
             if status != 200:
                 raise OSError(f"capture_autostart: {detail.get('error', detail)}")
         await self.proxy.start()

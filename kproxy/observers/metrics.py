@@ -372,6 +372,8 @@ CAPTURE_COUNTERS = {
     "bytes_written": ("kproxy_capture_written_bytes_total", "Bytes written to capture files"),
     "write_errors": ("kproxy_capture_write_errors_total", "Capture write failures (each turns capture off)"),
     "files_deleted": ("kproxy_capture_files_deleted_total", "Capture files deleted by the disk cap"),
+    "decompression_refused": ("kproxy_capture_decompression_refused_total",
+                              "Compressed batches capture did not inflate past its bound (likely bombs)"),
 }
 
 

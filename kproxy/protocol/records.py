@@ -96,6 +96,7 @@ from kproxy.protocol.errors import DecodeError
 __all__ = [
     "CODEC_NAMES",
     "MAX_DECOMPRESSED_BYTES",
+    "DecompressionLimit",
     "BatchIterator",
     "Record",
     "RecordBatch",
@@ -342,8 +343,14 @@ def _legacy_entry(view: memoryview, pos: int, stop: int, magic: int) -> RecordBa
 # --- decompression ----------------------------------------------------------
 
 
+class DecompressionLimit(DecodeError):
+    """A compressed payload would inflate past ``max_decompressed_bytes``: decompression
+    stopped there (nothing beyond the limit was produced), so callers can count bombs
+    apart from corrupt data."""
+
+
 def _too_big(limit: int) -> DecodeError:
-    return DecodeError(f"payload inflates past {limit} bytes (decompression bomb guard)")
+    return DecompressionLimit(f"payload inflates past {limit} bytes (decompression bomb guard)")
 
 
 def _gunzip(data: memoryview, limit: int, magic: int) -> bytes:
@@ -544,8 +551,8 @@ def _decompress(codec: int, payload: memoryview, limit: int, magic: int, where: 
         raise DecodeError(f"{where}: compression codec {codec} is not valid for magic {magic}")
     try:
         return decompress(payload, limit, magic)
-    except DecodeError as exc:
-        raise DecodeError(f"{where}: {exc}") from None
+    except DecodeError as exc:                    # DecompressionLimit stays one
+        raise type(exc)(f"{where}: {exc}") from None
     except _CODEC_ERRORS as exc:
         raise DecodeError(f"{where}: corrupt {CODEC_NAMES[codec]} payload ({exc})") from exc
 

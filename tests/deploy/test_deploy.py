@@ -264,6 +264,9 @@ def compose_published(service: dict) -> dict[int, int]:
 FIELD_REFS = {"metadata.namespace": "kafka-test", "metadata.name": "kafka-1",
               "metadata.labels['apps.kubernetes.io/pod-index']": "1"}
 POD_IP = "10.1.2.3"
+# The admin-token Secret, when a test creates it (by default it does not exist, as after
+# a plain `kubectl apply`).
+ADMIN_SECRET = {("kproxy-admin", "token"): "0123456789abcdef0123456789abcdef"}
 
 
 @cache
@@ -294,11 +297,20 @@ def k8s_expand(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), text)
 
 
-def k8s_container_env(container: dict) -> dict[str, str]:
+def k8s_container_env(container: dict, secrets: dict | None = None) -> dict[str, str]:
+    """The container's env as Kubernetes would set it, with ``secrets`` ((name, key) ->
+    value) existing; an optional secretKeyRef to a missing Secret sets nothing."""
     env: dict[str, str] = {}
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = k8s_expand(str(item["value"]), env)
+        elif "secretKeyRef" in item["valueFrom"]:
+            ref = item["valueFrom"]["secretKeyRef"]
+            value = (secrets or {}).get((ref["name"], ref["key"]))
+            assert value is not None or ref.get("optional") is True, \
+                f"{item['name']}: the pod cannot start until Secret {ref['name']} exists"
+            if value is not None:
+                env[item["name"]] = value
         else:
             path = item["valueFrom"]["fieldRef"]["fieldPath"]
             assert path in FIELD_REFS, f"{item['name']}: unexpected valueFrom {item['valueFrom']}"
@@ -314,14 +326,16 @@ def resolve_port(container: dict, port) -> int:
     return named[port]
 
 
-def kproxy_run_in_pod(sts: dict, tmp_path: Path, monkeypatch, capsys) -> kconfig.Config:
+def kproxy_run_in_pod(sts: dict, tmp_path: Path, monkeypatch, capsys,
+                      secrets: dict | None = None) -> kconfig.Config:
     """The Config the kproxy container of this StatefulSet starts with: the image's
     ENTRYPOINT plus the container's args, $(VAR)s substituted, with the image ENV, the
-    container env and its ConfigMap volumes (written under tmp_path) in place."""
+    container env (``secrets`` existing) and its ConfigMap volumes (written under
+    tmp_path) in place."""
     container = kproxy_container(sts)
     assert "command" not in container or container["command"] == ["kproxy", "run"], \
         "the kproxy container must keep the image's ENTRYPOINT (kproxy run)"
-    env = k8s_container_env(container)
+    env = k8s_container_env(container, secrets)
     args = [k8s_expand(str(arg), env) for arg in container.get("args", [])]
     for text in args + list(env.values()):
         assert "$(" not in text, f"unresolved Kubernetes variable in {text!r}"
@@ -329,7 +343,9 @@ def kproxy_run_in_pod(sts: dict, tmp_path: Path, monkeypatch, capsys) -> kconfig
     configmaps = {doc["metadata"]["name"]: doc for _, doc in k8s_kind("ConfigMap")}
     for mount in container.get("volumeMounts", []):
         volume = volumes[mount["name"]]
-        assert "configMap" in volume, f"kproxy mounts {mount['name']}, which is not a ConfigMap"
+        if "emptyDir" in volume:                   # scratch space (captures): nothing to read
+            continue
+        assert "configMap" in volume, f"kproxy mounts {mount['name']}, which is neither a ConfigMap nor an emptyDir"
         data = configmaps[volume["configMap"]["name"]]["data"]
         local = tmp_path / mount["mountPath"].lstrip("/")
         local.mkdir(parents=True)
@@ -393,6 +409,74 @@ def pod_sd_targets(sts: dict) -> list[dict[str, str]]:
                             "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
                             "__meta_kubernetes_pod_container_port_number": str(port["containerPort"])})
     return targets
+
+
+# ---- NetworkPolicy (ingress), enough to evaluate our own policy: matchLabels selectors,
+#      podSelector / namespaceSelector / ipBlock peers, named and numbered ports
+
+NAMESPACE = FIELD_REFS["metadata.namespace"]
+
+
+def selects(selector: dict | None, labels: dict[str, str]) -> bool:
+    assert set(selector or {}) <= {"matchLabels"}, f"selector beyond matchLabels: {selector}"
+    return (selector or {}).get("matchLabels", {}).items() <= labels.items()
+
+
+def peer_matches(peer: dict, source: dict) -> bool:
+    """``source``: {"namespace": labels of its namespace, "labels": pod labels, "ip": ...}."""
+    if "ipBlock" in peer:
+        import ipaddress
+        block = peer["ipBlock"]
+        ip = ipaddress.ip_address(source["ip"])
+        return ip in ipaddress.ip_network(block["cidr"]) and \
+            not any(ip in ipaddress.ip_network(e) for e in block.get("except", []))
+    if "namespaceSelector" in peer:
+        in_namespace = selects(peer["namespaceSelector"], source["namespace"])
+    else:                                         # podSelector alone: the policy's own namespace
+        in_namespace = source["namespace"].get("kubernetes.io/metadata.name") == NAMESPACE
+    return in_namespace and ("podSelector" not in peer or selects(peer["podSelector"], source["labels"]))
+
+
+def port_matches(entry: dict, container_port: dict) -> bool:
+    if entry.get("protocol", "TCP") != container_port.get("protocol", "TCP"):
+        return False
+    port = entry.get("port")
+    if port is None:
+        return True
+    if isinstance(port, str):
+        return port == container_port.get("name")
+    return port <= container_port["containerPort"] <= entry.get("endPort", port)
+
+
+def ingress_allowed(policies: list[dict], pod_labels: dict[str, str], container_port: dict,
+                    source: dict) -> bool:
+    """Would ``source`` reach ``container_port`` of a pod with ``pod_labels``?"""
+    applying = [p for p in policies if selects(p["spec"]["podSelector"], pod_labels)
+                and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])]
+    if not applying:
+        return True                               # no policy selects the pod: open
+    for policy in applying:
+        for rule in policy["spec"].get("ingress", []):
+            peers_ok = "from" not in rule or any(peer_matches(peer, source) for peer in rule["from"])
+            ports_ok = "ports" not in rule or any(port_matches(e, container_port) for e in rule["ports"])
+            if peers_ok and ports_ok:
+                return True
+    return False
+
+
+def namespace_labels(name: str) -> dict[str, str]:
+    return {"kubernetes.io/metadata.name": name}   # set by Kubernetes on every namespace
+
+
+# Who knocks, as the policy's comments describe them.
+CLIENT = {"namespace": namespace_labels("shop"), "labels": {"app": "checkout"}, "ip": "10.9.0.7"}
+PEER_BROKER = {"namespace": namespace_labels(NAMESPACE), "labels": {"app.kubernetes.io/name": "kafka"},
+               "ip": "10.1.2.4"}
+PROMETHEUS_POD = {"namespace": namespace_labels("monitoring"),
+                  "labels": {"app.kubernetes.io/name": "prometheus"}, "ip": "10.8.0.2"}
+NEIGHBOUR = {"namespace": namespace_labels(NAMESPACE), "labels": {"app": "batch-job"}, "ip": "10.1.2.9"}
+OTHER_MONITOR = {"namespace": namespace_labels("shop"), "labels": {"app.kubernetes.io/name": "prometheus"},
+                 "ip": "10.9.0.8"}
 
 
 # ---- PromQL: names, selectors, groupings (regular expressions are enough for our own files)
@@ -578,6 +662,8 @@ def test_dockerfile_env_binds_all_interfaces_and_exposes_the_default_ports(monke
     exposed = {int(port.split("/")[0]) for word, rest in final_stage(dockerfile_instructions())
                if word == "EXPOSE" for port in rest.split()}
     assert exposed == {config.listen[1], config.admin_listen[1]}
+    # The admin port binds everywhere, so the image must not switch capture control on.
+    assert config.admin_token is None and not config.capture_allow_record_data
 
 
 def test_dockerfile_installs_kproxy_from_the_repo_and_the_context_has_what_it_copies():
@@ -656,6 +742,14 @@ def test_compose_kproxy_command_is_valid_and_its_ports_published(monkeypatch, ca
     grace = re.fullmatch(r"(\d+)s", str(kproxy.get("stop_grace_period", "10s")))
     assert grace and int(grace[1]) > config.shutdown_timeout, \
         "stop_grace_period must leave kproxy its shutdown_timeout for in-flight requests"
+
+
+def test_compose_publishes_every_port_on_loopback_only():
+    for name, service in compose()["services"].items():
+        for port in service.get("ports", []):
+            parts = str(port).split(":")
+            assert len(parts) == 3 and parts[0] == "127.0.0.1", \
+                f"{name}: {port} is published on every interface; bind it to 127.0.0.1"
 
 
 def test_compose_kafka_is_a_single_kraft_node():
@@ -812,7 +906,8 @@ def test_kubernetes_servicemonitor_scrapes_the_admin_port(tmp_path, monkeypatch,
     for index, (_, sts) in enumerate(statefulsets()):
         config = kproxy_run_in_pod(sts, tmp_path / str(index), monkeypatch, capsys)
         assert resolve_port(kproxy_container(sts), port["targetPort"]) == config.admin_listen[1]
-        assert sts["spec"]["serviceName"] == service["metadata"]["name"]
+        assert service["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"].get("clusterIP") == "None", "one endpoint per pod: every kproxy scraped on its own"
     jobs = [r["replacement"] for r in endpoint.get("relabelings", []) if r.get("targetLabel") == "job"]
     assert jobs == [JOB], "the alerts select on job=\"kproxy\""
 
@@ -829,6 +924,96 @@ def test_kubernetes_pod_discovery_finds_exactly_the_kproxy_admin_port(monkeypatc
         assert found[0]["__address__"] == f"{POD_IP}:{config.admin_listen[1]}"
         assert found[0]["__metrics_path__"] == "/metrics"
         assert found[0]["job"] == JOB and found[0]["pod"] == FIELD_REFS["metadata.name"]
+
+
+def test_kubernetes_admin_port_is_on_no_service_but_the_scraped_one(tmp_path, monkeypatch, capsys):
+    """Only the Service the ServiceMonitor selects carries kproxy's admin port, and only it."""
+    (_, monitor), = k8s_kind("ServiceMonitor")
+    for index, (_, sts) in enumerate(statefulsets()):
+        config = kproxy_run_in_pod(sts, tmp_path / str(index), monkeypatch, capsys)
+        named = {p["name"]: p["containerPort"] for c in pod_spec(sts)["containers"] for p in c.get("ports", [])}
+        for _, service in k8s_kind("Service"):
+            if not service["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items():
+                continue
+            targets = [p for p in service["spec"]["ports"]
+                       if named.get(p["targetPort"], p["targetPort"]) == config.admin_listen[1]]
+            scraped = monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+            if scraped:
+                assert targets and len(service["spec"]["ports"]) == 1, \
+                    f"{service['metadata']['name']}: the scraped Service carries the admin port alone"
+            else:
+                assert not targets, f"{service['metadata']['name']} publishes kproxy's admin port"
+
+
+def test_kubernetes_network_policy_admits_exactly_what_the_pods_need():
+    policies = [doc for _, doc in k8s_kind("NetworkPolicy")]
+    assert policies, "no NetworkPolicy: every pod in the cluster reaches kproxy's admin port"
+    for name, sts in statefulsets():
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        ports = {p["name"]: p for c in pod_spec(sts)["containers"] for p in c.get("ports", [])}
+        assert set(ports) == {"kafka-proxy", "internal", "controller", "admin"}, name
+        allowed = {who: {port for port, spec in ports.items() if ingress_allowed(policies, labels, spec, source)}
+                   for who, source in (("client", CLIENT), ("peer", PEER_BROKER), ("prometheus", PROMETHEUS_POD),
+                                       ("neighbour", NEIGHBOUR), ("other monitor", OTHER_MONITOR))}
+        assert allowed == {"client": {"kafka-proxy"},
+                           "peer": {"kafka-proxy", "internal", "controller"},
+                           "prometheus": {"kafka-proxy", "admin"},
+                           "neighbour": {"kafka-proxy"},
+                           "other monitor": {"kafka-proxy"}}, (name, allowed)
+    # The scrape paths this repo ships must be among the admitted ones.
+    annotations = statefulsets()[0][1]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(ports["admin"]["containerPort"])
+
+
+def test_network_policy_evaluator_catches_open_rules():
+    """So that the policy test above means something."""
+    pod = {"app.kubernetes.io/name": "kafka"}
+    admin = {"name": "admin", "containerPort": 9644}
+    open_rule = {"spec": {"podSelector": {"matchLabels": pod}, "ingress": [{"ports": [{"port": "admin"}]}]}}
+    any_namespace = {"spec": {"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {}}]}]}}
+    numbered = {"spec": {"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.9.0.0/16"}}],
+                                                          "ports": [{"port": 9000, "endPort": 9700}]}]}}
+    assert ingress_allowed([], pod, admin, CLIENT)
+    assert ingress_allowed([open_rule], pod, admin, CLIENT)
+    assert ingress_allowed([any_namespace], pod, admin, CLIENT)
+    assert ingress_allowed([numbered], pod, admin, CLIENT) and not ingress_allowed([numbered], pod, admin, PROMETHEUS_POD)
+    assert not ingress_allowed([{"spec": {"podSelector": {}, "ingress": []}}], pod, admin, CLIENT)
+
+
+@pytest.mark.parametrize("name", ["statefulset.yaml", "statefulset-configmap.yaml"])
+def test_kubernetes_capture_control_is_off_until_the_admin_secret_exists(name, tmp_path, monkeypatch, capsys):
+    sts = dict(statefulsets())[name]
+    container = kproxy_container(sts)
+    without = kproxy_run_in_pod(sts, tmp_path / "without", monkeypatch, capsys)
+    assert without.admin_token is None and not without.capture_allow_record_data
+    with_secret = kproxy_run_in_pod(sts, tmp_path / "with", monkeypatch, capsys, secrets=ADMIN_SECRET)
+    assert with_secret.admin_token == next(iter(ADMIN_SECRET.values()))
+    # Captures land on a writable volume of their own: the root filesystem is read-only.
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in pod_spec(sts)["volumes"]}
+    assert without.capture_root in mounts, "capture_root is not a mounted volume"
+    volume = volumes[mounts[without.capture_root]]
+    assert "emptyDir" in volume and volume["emptyDir"].get("sizeLimit"), \
+        "a capture volume without sizeLimit can fill the node's disk"
+    # The token never sits in the ConfigMap kproxy reads.
+    for _, configmap in k8s_kind("ConfigMap"):
+        for text in configmap["data"].values():
+            assert "admin_token" not in text
+
+
+@pytest.mark.parametrize("variant", ["no token", "token"])
+def test_kubernetes_pod_admin_listener_refuses_capture_control_without_the_token(variant, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """The routes on the port Prometheus and the probes reach: only /capture* are protected."""
+    sts = dict(statefulsets())["statefulset.yaml"]
+    config = kproxy_run_in_pod(sts, tmp_path, monkeypatch, capsys,
+                               secrets=ADMIN_SECRET if variant == "token" else None)
+    admin = Runtime(config).admin
+    assert {"/metrics", "/healthz", "/readyz"}.isdisjoint(admin.protected)
+    assert {path for path in admin.routes if path.startswith("/capture")} == set(admin.protected)
+    refusal = admin._authorize(None)
+    assert refusal is not None and refusal[0] == (401 if variant == "token" else 403)
 
 
 # ---------------------------------------------------------------- Prometheus: promtool

@@ -522,20 +522,23 @@ def test_rotation_by_time(capture, tmp_path):
     assert read_parquet(tmp_path).num_rows == 2
 
 
-def test_total_size_cap_deletes_the_oldest_files(capture, tmp_path):
+def test_total_size_cap_deletes_the_oldest_of_its_own_files(capture, tmp_path):
+    # A file named like ours but not written by this capture is neither counted nor deleted.
     old = tmp_path / "kproxy-capture-20000101T000000-000001.jsonl"
     old.write_bytes(b"x" * 50_000)
     os.utime(old, (946684800, 946684800))
     unrelated = tmp_path / "notes.txt"
     unrelated.write_bytes(b"y" * 50_000)
     start(capture, tmp_path, formats=("jsonl",), rotate_bytes=4096, max_total_bytes=20_000)
-    assert not old.exists() and unrelated.exists()
+    assert old.exists() and unrelated.exists()
     link = Link(capture)
     for corr in range(1, 400):
         link.exchange(0, 9, corr, produce_request(), produce_response())
-        assert disk_use(tmp_path, "jsonl") <= 20_000 + 4096
+        assert disk_use(tmp_path, "jsonl") - 50_000 <= 20_000 + 4096
     capture.stop()
-    assert disk_use(tmp_path, "jsonl") <= 20_000
+    assert disk_use(tmp_path, "jsonl") - 50_000 <= 20_000
+    assert old.read_bytes() == b"x" * 50_000 and unrelated.exists()
+    old.unlink()
     assert capture.files_deleted > 3
     rows = read_jsonl(tmp_path)
     assert rows[-1]["correlation_id"] == 399 and len(rows) < 399
@@ -676,19 +679,21 @@ def test_start_fails_cleanly_when_the_directory_cannot_be_created(capture, tmp_p
     with pytest.raises(OSError):
         capture.start(CaptureConfig(directory=str(blocker / "sub")))
     assert not capture.active and capture.status()["state"] == "off"
-    status, body = control.start_capture(capture, {"directory": str(blocker / "sub")})
+    status, body = control.start_capture(capture, {"directory": str(blocker / "sub")}, root=str(tmp_path))
     assert status == 500 and "cannot write captures" in body["error"]
 
 
 def test_admin_helpers(capture, tmp_path):
     assert control.capture_status(capture) == (200, capture.status())
     assert capture.status()["state"] == "off"
-    status, body = control.start_capture(capture, {"formats": ["jsonl"]}, defaults={"directory": str(tmp_path)})
-    assert status == 200 and body["state"] == "running" and body["files"]["jsonl"].startswith(str(tmp_path))
+    root = str(tmp_path)
+    status, body = control.start_capture(capture, {"formats": ["jsonl"]}, defaults={"directory": root},
+                                         root=root)
+    assert status == 200 and body["state"] == "running" and body["files"]["jsonl"].startswith(root)
     json.dumps(body)
-    status, body = control.start_capture(capture, {}, defaults={"directory": str(tmp_path)})
+    status, body = control.start_capture(capture, {}, defaults={"directory": root}, root=root)
     assert status == 409
-    assert control.start_capture(Capture(), {"directory": str(tmp_path), "formats": ["x"]})[0] == 400
+    assert control.start_capture(Capture(), {"directory": root, "formats": ["x"]}, root=root)[0] == 400
     assert control.parse_json_body(b"[1]")[0] == 400 and control.parse_json_body(b"") == {}
     Link(capture).exchange(18, 3, 1)
     status, body = control.stop_capture(capture)

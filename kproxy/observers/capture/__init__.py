@@ -11,10 +11,12 @@ writes, so a slow or failing disk never slows traffic: a full queue drops
   address, topics, sampling) and where (directory, prefix, rotation, cap).
 - ``session.py``: the event-loop half; ``writer.py``: the writer thread.
 - ``summary.py``: one row per request/response pair; ``redact.py``: secrets
-  and record data never written.
+  and record data never written, decompression bounded.
 - ``jsonl.py``, ``parquet.py`` (schema in ``SCHEMA.md``), ``pcapng.py``:
-  the formats; ``files.py``: 0600 files, rotation, total-size cap.
-- ``control.py``: admin-route helpers; ``cli.py``: ``kproxy capture show|stats``.
+  the formats; ``files.py``: where files may go (under ``capture_root``, no
+  symbolic links), 0600 files, rotation, a size cap over this capture's files only.
+- ``control.py``: admin-route helpers (root, record-data consent); ``cli.py``:
+  ``kproxy capture show|stats``.
 """
 
 from .capture import COUNTERS, Capture, CaptureError

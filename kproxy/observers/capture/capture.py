@@ -21,6 +21,7 @@ import threading
 from typing import Any, Mapping, NamedTuple
 
 from .config import CaptureConfig
+from .redact import decompression_refused
 from .session import Session
 from .summary import SCHEMA_VERSION, iso_utc
 
@@ -118,7 +119,10 @@ class Capture:
         return self.status()
 
     def counters(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in COUNTERS}
+        """COUNTERS, plus ``decompression_refused``: compressed batches no capture in this
+        process inflated past redact.MAX_INFLATED_BYTES (likely decompression bombs)."""
+        return {**{name: getattr(self, name) for name in COUNTERS},
+                "decompression_refused": decompression_refused()}
 
     def status(self) -> dict:
         """JSON-able state for the admin listener."""

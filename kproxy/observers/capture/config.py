@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -15,8 +17,9 @@ FORMATS = ("jsonl", "parquet", "pcapng")
 DEFAULT_ROTATE_BYTES = 128 * 1024 * 1024
 # ... or after this long, if anything was written to it.
 DEFAULT_ROTATE_SECONDS = 3600.0
-# All capture files with our prefix in the directory, open ones included (their
-# full rotate_bytes is reserved), stay under this; the oldest are deleted first.
+# The files this capture session wrote, open ones included (their full rotate_bytes
+# is reserved), stay under this; its oldest are deleted first. Nobody else's files
+# count or are ever deleted.
 DEFAULT_MAX_TOTAL_BYTES = 2 * 1024 * 1024 * 1024
 # The queue between the event loop and the writer thread. When either bound is
 # hit, events are dropped and counted; the relay never waits for the disk.
@@ -30,6 +33,40 @@ DEFAULT_WRITER_CPU_SHARE = 0.25
 # Parquet rows are buffered and written as one row group every N rows or T seconds.
 DEFAULT_PARQUET_BATCH_ROWS = 1000
 DEFAULT_PARQUET_FLUSH_SECONDS = 1.0
+
+# Bounds. Settings can arrive over the admin listener, so each has a ceiling beyond
+# which it is a typo or an attack rather than a capture plan.
+# One page: smaller files are all header and footer, and a file per row exhausts inodes.
+MIN_ROTATE_BYTES = 4096
+# Wireshark and pandas read a capture file whole: past this it no longer opens on a laptop.
+MAX_ROTATE_BYTES = 16 * 1024 ** 3
+# More than any volume kproxy is given; a larger cap would mean no cap at all.
+MAX_TOTAL_BYTES = 4 * 1024 ** 4
+# max_total_bytes / rotate_bytes: the size cap remembers every file it wrote (~150 bytes
+# each) and whoever reads the capture back lists the directory.
+MAX_CAPTURE_FILES = 250_000
+# A file open longer than a week is not being rotated; it is being forgotten.
+MAX_ROTATE_SECONDS = 7 * 24 * 3600.0
+# The queue keeps frames alive in memory: past these, a pod's memory limit ends kproxy
+# before the queue absorbs anything useful.
+MAX_QUEUE_ITEMS = 1_000_000
+MAX_QUEUE_BYTES = 1024 ** 3
+# Parquet rows wait in memory until a row group is written.
+MAX_PARQUET_BATCH_ROWS = 1_000_000
+MAX_PARQUET_FLUSH_SECONDS = 3600.0
+# File names are <prefix>-<yyyymmddThhmmss>-<seq>.<ext> and stop at 255 bytes.
+PREFIX_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+# name -> (lowest, highest) accepted
+_BOUNDS: dict[str, tuple[float, float]] = {
+    "rotate_bytes": (MIN_ROTATE_BYTES, MAX_ROTATE_BYTES),
+    "max_total_bytes": (MIN_ROTATE_BYTES, MAX_TOTAL_BYTES),
+    "rotate_seconds": (0.0, MAX_ROTATE_SECONDS),
+    "queue_max_items": (1, MAX_QUEUE_ITEMS),
+    "queue_max_bytes": (1, MAX_QUEUE_BYTES),
+    "parquet_batch_rows": (1, MAX_PARQUET_BATCH_ROWS),
+    "parquet_flush_seconds": (0.0, MAX_PARQUET_FLUSH_SECONDS),
+}
 
 
 @dataclass(frozen=True)
@@ -62,10 +99,11 @@ class CaptureConfig:
         self.validate()
 
     def validate(self, key: str = "capture") -> None:
-        if not self.directory:
-            raise ValueError(f"{key}.directory: required")
-        if not self.prefix or "/" in self.prefix or self.prefix.startswith("."):
-            raise ValueError(f"{key}.prefix: must be a plain file name prefix, got {self.prefix!r}")
+        if not self.directory or "\x00" in self.directory:
+            raise ValueError(f"{key}.directory: required (a path without NUL bytes)")
+        if not PREFIX_PATTERN.fullmatch(self.prefix):
+            raise ValueError(f"{key}.prefix: 1-100 letters, digits, '.', '_' or '-', not starting "
+                             f"with '.', '_' or '-'; got {self.prefix!r}")
         if not self.formats:
             raise ValueError(f"{key}.formats: at least one of {', '.join(FORMATS)}")
         for fmt in self.formats:
@@ -73,19 +111,24 @@ class CaptureConfig:
                 raise ValueError(f"{key}.formats: unknown format {fmt!r} (one of {', '.join(FORMATS)})")
         if len(set(self.formats)) != len(self.formats):
             raise ValueError(f"{key}.formats: listed twice")
-        for name in ("rotate_bytes", "max_total_bytes", "queue_max_items", "queue_max_bytes",
-                     "parquet_batch_rows"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{key}.{name}: must be positive, got {getattr(self, name)}")
-        for name in ("rotate_seconds", "parquet_flush_seconds"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{key}.{name}: must be positive, got {getattr(self, name)}")
+        for name, (lowest, highest) in _BOUNDS.items():
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise ValueError(f"{key}.{name}: expected a finite number, got {value!r}")
+            if value <= 0 or value < lowest:
+                floor = "positive" if lowest <= 1 else f"at least {_show(name, lowest)}"
+                raise ValueError(f"{key}.{name}: must be {floor}, got {value}")
+            if value > highest:
+                raise ValueError(f"{key}.{name}: must be at most {_show(name, highest)}, got {value}")
         if not 0 < self.writer_cpu_share <= 1:
             raise ValueError(f"{key}.writer_cpu_share: must be in (0, 1], got {self.writer_cpu_share}")
         if self.max_total_bytes < self.rotate_bytes * len(self.formats):
             raise ValueError(f"{key}.max_total_bytes: must be at least rotate_bytes x formats "
                              f"({self.rotate_bytes * len(self.formats)}): open files reserve "
                              f"rotate_bytes each")
+        if self.max_total_bytes // self.rotate_bytes > MAX_CAPTURE_FILES:
+            raise ValueError(f"{key}.max_total_bytes: at most {MAX_CAPTURE_FILES} x rotate_bytes "
+                             f"({MAX_CAPTURE_FILES * self.rotate_bytes}), got {self.max_total_bytes}")
         self.filter.validate(f"{key}.filter")
 
     @classmethod
@@ -125,6 +168,16 @@ class CaptureConfig:
         return out
 
 
+def _show(name: str, limit: float) -> str:
+    """A bound as the error message shows it: ``17179869184 (16 GiB)``."""
+    if not name.endswith("_bytes") or limit < 1024:
+        return f"{limit:g}"
+    for unit, size in (("TiB", 1024 ** 4), ("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if limit >= size:
+            return f"{int(limit)} ({limit / size:g} {unit})"
+    return str(limit)
+
+
 def _bool(value: Any, key: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -139,9 +192,11 @@ def _number(value: Any, kind: type, key: str):
     try:
         if kind is int and isinstance(value, str):
             return _size(value)
+        if isinstance(value, float) and not math.isfinite(value):     # JSON allows NaN, Infinity, 1e999
+            raise ValueError(value)
         return kind(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key}: expected a number, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{key}: expected a finite number, got {value!r}") from None
 
 
 _UNITS = {"": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024 ** 2, "mb": 1024 ** 2, "mib": 1024 ** 2,
@@ -155,4 +210,4 @@ def _size(text: str) -> int:
     unit = text[len(digits):].strip()
     if unit not in _UNITS:
         raise ValueError(text)
-    return int(float(digits) * _UNITS[unit])
+    return int(float(digits) * _UNITS[unit])        # int(inf) raises OverflowError: refused

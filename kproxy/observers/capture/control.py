@@ -2,22 +2,30 @@
 
 No asyncio and no HTTP here, so the admin routes stay one-liners::
 
-    POST /capture/start   body: CaptureConfig fields as JSON  -> start_capture(capture, body, defaults)
+    POST /capture/start   body: CaptureConfig fields as JSON  -> start_capture(capture, body, defaults, root=...)
     POST /capture/stop                                         -> stop_capture(capture)   (blocks: to_thread)
     GET  /capture                                              -> capture_status(capture)
 
 ``defaults`` (e.g. the ``capture`` table of kproxy's config file) fills in
 what the request body leaves out, so an operator can start a capture with
 just ``{"filter": {"apis": ["Produce"]}}``.
+
+What a request body cannot do, whoever sends it (the admin listener checks the
+token before any of this runs): write outside ``root`` (the operator's
+``capture_root``; a relative directory is taken under it, the root itself by
+default), and capture record data unless the operator allowed it
+(``allow_record_data``, from ``capture_allow_record_data`` in the config).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Mapping
 
 from .capture import Capture, CaptureError
 from .config import CaptureConfig
+from .files import directory_in_root
 
 
 def parse_json_body(body: bytes | str | None) -> tuple[int, dict] | dict:
@@ -34,18 +42,30 @@ def parse_json_body(body: bytes | str | None) -> tuple[int, dict] | dict:
 
 
 def start_capture(capture: Capture, body: Mapping[str, Any] | None,
-                  defaults: Mapping[str, Any] | CaptureConfig | None = None) -> tuple[int, dict]:
-    """200 + status; 400 bad settings; 409 already running; 500 cannot create files."""
+                  defaults: Mapping[str, Any] | CaptureConfig | None = None, *,
+                  root: str | None, allow_record_data: bool = False) -> tuple[int, dict]:
+    """200 + status; 400 bad settings; 403 refused by the operator's settings (no
+    ``root``, or record data not allowed); 409 already running; 500 cannot create files."""
+    if root is None:
+        return 403, {"error": "capture is off: no capture_root is configured (set capture_root "
+                              "or capture.directory in kproxy's config)"}
     merged: dict[str, Any] = {}
     if isinstance(defaults, CaptureConfig):
         merged.update(defaults.to_dict())
     elif defaults:
         merged.update(defaults)
     merged.update(body or {})
+    if merged.get("directory") is None:
+        merged["directory"] = root
     try:
         config = CaptureConfig.from_dict(merged)
+        config = dataclasses.replace(config, directory=directory_in_root(root, config.directory))
     except ValueError as exc:
         return 400, {"error": str(exc)}
+    if config.include_record_data and not allow_record_data:
+        return 403, {"error": "capture.include_record_data: refused: record keys and values are "
+                              "captured only when the operator sets capture_allow_record_data = true "
+                              "in kproxy's config"}
     try:
         return 200, capture.start(config)
     except CaptureError as exc:

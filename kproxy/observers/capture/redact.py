@@ -29,7 +29,7 @@ from typing import Any
 
 from ...protocol import DecodeError, OpaqueBody, Struct, Uuid, schema
 from ...protocol.messages import decode_request, decode_response, encode_request, encode_response
-from ...protocol.records import iter_batches
+from ...protocol.records import DecompressionLimit, iter_batches
 
 SENSITIVE_FIELD = re.compile(r"(?:^|_)(?:password|passwd|secret|hmac|auth_bytes|token|salt|"
                              r"credentials?)$"
@@ -41,6 +41,28 @@ SENSITIVE_CONFIG = re.compile(r"password|secret|jaas|credential|token|private|\.
 _CONFIG_NAME_FIELDS = ("name", "key", "config_name")
 
 RECORDS_FIELD = "records"
+
+# Capture inflates a compressed batch (to count a legacy wrapper's records, or to
+# write record data) only this far. A producer's batch is at most max.message.bytes
+# (1 MiB by default) compressed and real data rarely compresses 10:1, so past this it
+# is a decompression bomb: decompression stops at the bound (kproxy.protocol.records
+# never produces more) and the batch is counted in ``decompression_refused``.
+MAX_INFLATED_BYTES = 16 * 1024 * 1024
+_refused = [0]          # batches given up on, process-wide (written by capture writer threads)
+
+
+def decompression_refused() -> int:
+    """Batches capture declined to inflate past MAX_INFLATED_BYTES, since start."""
+    return _refused[0]
+
+
+def inflate(batch) -> list:
+    """``batch.records()`` within capture's bound; a refusal is counted, then raised."""
+    try:
+        return batch.records(max_decompressed_bytes=MAX_INFLATED_BYTES)
+    except DecompressionLimit:
+        _refused[0] += 1
+        raise
 # APIs whose frames carry a ``records`` field (request or response).
 RECORDS_APIS = {
     kind: frozenset(key for key, spec in specs.items()
@@ -144,7 +166,7 @@ def records_summary(blob) -> dict:
             count = batch.record_count
             if count is None:                      # legacy compressed wrapper
                 try:
-                    count = len(batch.records())
+                    count = len(inflate(batch))
                 except DecodeError:
                     count = 0
             out["records"] += count
@@ -166,7 +188,7 @@ def records_json(blob, include_data: bool) -> Any:
     records = []
     try:
         for batch in iter_batches(blob):
-            for r in batch.records():
+            for r in inflate(batch):
                 records.append({
                     "offset": r.offset, "timestamp": r.timestamp,
                     "key": None if r.key is None else b64(r.key),
