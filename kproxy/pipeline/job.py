@@ -100,8 +100,10 @@ class Progress:
 
 
 def _write(df: DataFrame, path: str) -> int:
+    """Write a table; its row count from the Parquet footers (no second Spark job)."""
+    import pyarrow.dataset as pads
     df.write.mode("overwrite").parquet(path)
-    return df.sparkSession.read.parquet(path).count()
+    return sum(f.metadata.num_rows for f in pads.dataset(path, format="parquet").get_fragments())
 
 
 def _rows(spark: SparkSession, path: str, limit: int = REPORT_ROWS) -> list[dict]:

@@ -52,6 +52,15 @@ def _count_if(condition) -> F.Column:
     return F.sum(F.when(condition, 1).otherwise(0))
 
 
+def _stored_produce() -> F.Column:
+    """A Produce whose records the broker kept: answered without error, or acks=0 (no answer).
+
+    A Produce answered with an error (NOT_LEADER_OR_FOLLOWER after a leader move, ...)
+    is retried by the client, so its records would otherwise count twice.
+    """
+    return F.col("api_name").isin(*PRODUCE_APIS) & ~F.col("has_error") & (F.col("outcome") != "unanswered")
+
+
 def _latency():
     """Latency of pairs that were not empty long-polls (those wait by design)."""
     return F.when(~F.col("long_poll"), F.col("latency_ms"))
@@ -112,8 +121,16 @@ def api_errors(pairs: DataFrame) -> DataFrame:
 
 # ------------------------------------------------------------------ 2. time series and anomalies
 
+SERIES_KEY = ("window_start", "api_name")     # one row of ``series`` per window and API
+
+
 def series(pairs: DataFrame, window_seconds: int) -> DataFrame:
     """Per time window and API: rate, p99 latency, bytes, errors, throttling."""
+    return series_unordered(pairs, window_seconds).orderBy(*SERIES_KEY)
+
+
+def series_unordered(pairs: DataFrame, window_seconds: int) -> DataFrame:
+    """``series`` without its final sort, which a streaming aggregation cannot run (``follow``)."""
     return (pairs.groupBy(F.window("time", f"{window_seconds} seconds").alias("w"), "api_name")
             .agg(F.count("*").alias("requests"),
                  F.percentile_approx(_latency(), 0.99, PERCENTILE_ACCURACY).alias("latency_p99_ms"),
@@ -127,8 +144,7 @@ def series(pairs: DataFrame, window_seconds: int) -> DataFrame:
                     "api_name", "requests", (F.col("requests") / window_seconds).alias("rate_per_s"),
                     "latency_p99_ms", "request_bytes", "response_bytes", "error_pairs",
                     (F.col("error_pairs") / F.col("answered")).alias("error_rate"),
-                    "throttled", "throttle_max_ms")
-            .orderBy("window_start", "api_name"))
+                    "throttled", "throttle_max_ms"))
 
 
 def anomalies(series_table: DataFrame) -> DataFrame:
@@ -171,8 +187,7 @@ def clients(pairs: DataFrame) -> DataFrame:
                  F.count("*").alias("requests"),
                  F.sum("request_size").alias("request_bytes"),
                  F.sum(F.coalesce("response_size", F.lit(0))).alias("response_bytes"),
-                 F.sum(F.when(F.col("api_name").isin(*PRODUCE_APIS), F.col("record_count"))
-                       ).alias("records_produced"),
+                 F.sum(F.when(_stored_produce(), F.col("record_count"))).alias("records_produced"),
                  F.sum(F.when(F.col("api_name").isin(*FETCH_APIS), F.col("record_count"))
                        ).alias("records_fetched"),
                  _count_if(F.col("has_error")).alias("error_pairs"),
@@ -186,7 +201,7 @@ def clients(pairs: DataFrame) -> DataFrame:
             .orderBy(F.desc("requests"), "client_id", "client_host"))
 
 
-def _connections(pairs: DataFrame) -> DataFrame:
+def per_connection(pairs: DataFrame) -> DataFrame:
     """One row per proxied connection (client, software, times, requests, versions)."""
     return (pairs.groupBy("conn_key")
             .agg(F.max("client_id").alias("client_id"), F.max("client_host").alias("client_host"),
@@ -202,7 +217,12 @@ def _connections(pairs: DataFrame) -> DataFrame:
 
 def client_inventory(pairs: DataFrame) -> DataFrame:
     """Client software (ApiVersions v3+, KIP-511) by name and version, with who runs it."""
-    return (_connections(pairs)
+    return inventory_of_connections(per_connection(pairs))
+
+
+def inventory_of_connections(connections: DataFrame) -> DataFrame:
+    """``client_inventory`` from ``per_connection`` rows (``follow`` keeps those current)."""
+    return (connections
             .groupBy(F.coalesce("client_software_name", F.lit("unknown")).alias("client_software_name"),
                      F.coalesce("client_software_version", F.lit("unknown")).alias("client_software_version"),
                      "client_id", "client_host")
@@ -237,15 +257,23 @@ def upgrade_readiness(pairs: DataFrame, removed: DataFrame) -> DataFrame:
 # ------------------------------------------------------------------ 4. topics
 
 def topic_clients(pairs: DataFrame) -> DataFrame:
-    """Per topic and client_id: records and bytes produced (role producer) or fetched (consumer)."""
+    """Per topic and client_id: records and bytes produced (role producer) or fetched (consumer).
+
+    Produced records are those the broker kept; ``rejected_records`` were in Produce
+    requests answered with an error or never answered (the client retries those).
+    """
     role = (F.when(F.col("api_name").isin(*PRODUCE_APIS), F.lit("producer"))
             .when(F.col("api_name").isin(*FETCH_APIS), F.lit("consumer")))
+    rejected = F.col("api_name").isin(*PRODUCE_APIS) & ~_stored_produce()
     return (pairs.where(F.col("topic_records").isNotNull())
-            .select(role.alias("role"), "client_id", F.explode("topic_records").alias("t"))
+            .select(role.alias("role"), "client_id", rejected.alias("rejected"),
+                    F.explode("topic_records").alias("t"))
             .where(F.col("role").isNotNull())
             .groupBy(F.col("t.topic").alias("topic"), "role", "client_id")
-            .agg(F.count("*").alias("requests"), F.sum("t.record_count").alias("records"),
-                 F.sum("t.record_bytes").alias("bytes"))
+            .agg(F.count("*").alias("requests"),
+                 F.sum(F.when(~F.col("rejected"), F.col("t.record_count")).otherwise(0)).alias("records"),
+                 F.sum(F.when(~F.col("rejected"), F.col("t.record_bytes")).otherwise(0)).alias("bytes"),
+                 F.sum(F.when(F.col("rejected"), F.col("t.record_count")).otherwise(0)).alias("rejected_records"))
             .orderBy("topic", "role", F.desc("records"), "client_id"))
 
 
@@ -368,7 +396,7 @@ def slowest(pairs: DataFrame, top: int) -> DataFrame:
 
 def connections(pairs: DataFrame) -> DataFrame:
     """Connection churn per client: connections opened, lifetimes, short-lived ones."""
-    return (_connections(pairs)
+    return (per_connection(pairs)
             .groupBy("client_id", "client_host", "proxy_instance")
             .agg(F.count("*").alias("connections"),
                  _count_if(F.col("lifetime_s") < SHORT_LIVED_CONNECTION_S).alias("short_lived"),

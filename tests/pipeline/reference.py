@@ -49,6 +49,11 @@ def assert_percentile(values, p, got, accuracy):
     assert low - slack <= target <= high + slack, (p, got, low, high, target, n)
 
 
+def stored_produce(r) -> bool:
+    """A Produce the broker kept: no error in its answer and not left unanswered."""
+    return r["api_name"] == "Produce" and not r["error_count"] and r["outcome"] != "unanswered"
+
+
 def api_latency(rows):
     out = {}
     for r in rows:
@@ -108,7 +113,7 @@ def clients(rows):
         c["request_bytes"] += r["request_size"]
         c["error_pairs"] += r["error_count"] > 0
         c["api_versions"].add(f"{r['api_name']} v{r['api_version']}")
-        if r["api_name"] == "Produce":
+        if stored_produce(r):
             c["records_produced"] += r["record_count"] or 0
         elif r["api_name"] in FETCHES:
             c["records_fetched"] += r["record_count"] or 0
@@ -121,9 +126,11 @@ def topic_clients(rows):
         role = "producer" if r["api_name"] == "Produce" else "consumer" if r["api_name"] in FETCHES else None
         if role is None or r["topic_records"] is None:
             continue
+        kept = role == "consumer" or stored_produce(r)
         for t in r["topic_records"]:
-            out[(t["topic"], role, r["client_id"], "records")] += t["record_count"]
-            out[(t["topic"], role, r["client_id"], "bytes")] += t["record_bytes"]
+            out[(t["topic"], role, r["client_id"], "records")] += t["record_count"] if kept else 0
+            out[(t["topic"], role, r["client_id"], "bytes")] += t["record_bytes"] if kept else 0
+            out[(t["topic"], role, r["client_id"], "rejected_records")] += 0 if kept else t["record_count"]
     return out
 
 

@@ -140,6 +140,7 @@ def test_topics_match(analysed):
     for r in flows:
         got[(r["topic"], r["role"], r["client_id"], "records")] = r["records"]
         got[(r["topic"], r["role"], r["client_id"], "bytes")] = r["bytes"]
+        got[(r["topic"], r["role"], r["client_id"], "rejected_records")] = r["rejected_records"]
     assert got == dict(expected)
     topics = {r["topic"]: r for r in table(result, "topics")}
     for name, t in topics.items():
