@@ -26,6 +26,10 @@ from . import tables as T
 from .source import Inputs, InputError, load_capture
 
 REPORT_ROWS = 200                 # rows of one table the report (and summary) collect, at most
+# Tables the report plots over time get all their rows up to this: one row per window
+# and API (or group), so a day at one-minute windows and a dozen APIs fits.
+PLOTTED_TABLES = ("series", "group_members")
+PLOTTED_REPORT_ROWS = 50_000
 SUMMARY_TOP = 5                   # top errors listed in summary.json
 WORST_P99_MIN_REQUESTS = 20       # an API needs this many pairs before its p99 can be "the worst"
 PROGRESS_POLL_S = 2.0             # how often a long stage reports its tasks
@@ -48,6 +52,7 @@ class Result:
     out: str
     summary: dict
     tables: dict[str, str] = field(default_factory=dict)       # name -> path
+    table_rows: dict[str, int] = field(default_factory=dict)   # name -> rows written
     report: str | None = None
 
 
@@ -106,8 +111,18 @@ def _write(df: DataFrame, path: str) -> int:
     return sum(f.metadata.num_rows for f in pads.dataset(path, format="parquet").get_fragments())
 
 
-def _rows(spark: SparkSession, path: str, limit: int = REPORT_ROWS) -> list[dict]:
-    return [row.asDict(recursive=True) for row in spark.read.parquet(path).limit(limit).collect()]
+def _rows(path: str, limit: int) -> list[dict]:
+    """The first ``limit`` rows of a written table, in its order, timestamps as naive UTC.
+
+    Read with pyarrow from the driver's disk: Spark wrote the part files in the
+    table's sort order, and the report needs no Spark job for a few hundred rows.
+    """
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+    table = pads.dataset(path, format="parquet").head(limit)
+    naive = pa.schema([f.with_type(pa.timestamp(f.type.unit)) if pa.types.is_timestamp(f.type) else f
+                       for f in table.schema])
+    return table.cast(naive).to_pylist()
 
 
 def _iso(value) -> str | None:
@@ -161,7 +176,8 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
         for name, make in _PLAN:
             df = make(pairs, built, options, removed)
             path = os.path.join(out, "tables", name)
-            progress.stage(name, lambda df=df, path=path: _write(df, path), lambda n: f"{n:,} rows")
+            result.table_rows[name] = progress.stage(
+                name, lambda df=df, path=path: _write(df, path), lambda n: f"{n:,} rows")
             built[name] = spark.read.parquet(path)
             result.tables[name] = path
         progress.stage("summary.json", lambda: _summary(spark, head, inputs, result, options),
@@ -169,7 +185,8 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
                                  f"{s['topics']} topics")
         if options.report:
             from .report import write_report
-            report_tables = {name: _rows(spark, path) for name, path in result.tables.items()}
+            report_tables = {name: _rows(path, PLOTTED_REPORT_ROWS if name in PLOTTED_TABLES else REPORT_ROWS)
+                             for name, path in result.tables.items()}
             result.report = progress.stage(
                 "report", lambda: write_report(out, report_tables, result.summary), lambda path: path)
         return result
@@ -239,6 +256,7 @@ def _summary(spark: SparkSession, head: dict, inputs: Inputs, result: Result, op
         .select("client_id", "client_host").distinct().count(),
         "inputs": {"format": inputs.format, "files": len(inputs.files), "pruned_files": inputs.pruned},
         "capture_versions": head["versions"],
+        "table_rows": dict(result.table_rows),
         "window_seconds": options.window_seconds,
         "since": _iso(options.since), "until": _iso(options.until),
         "percentile_accuracy": T.PERCENTILE_ACCURACY,

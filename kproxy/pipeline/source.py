@@ -109,7 +109,8 @@ def resolve_inputs(paths: list[str], fmt: str = "auto", since: dt.datetime | Non
     skipped = tuple(f"{len(v)} {k} files (the {fmt} files hold the same pairs)"
                     for k, v in by_format.items() if k != fmt and v)
     if not files:
-        raise InputError(f"no {fmt} capture files in {' '.join(paths)}")
+        wanted = "capture files (.parquet or .jsonl)" if not found else f"{fmt} capture files"
+        raise InputError(f"no {wanted} in {' '.join(paths)}")
     kept, pruned = prune_before(files, since) if since is not None else (files, 0)
     rows = sum(check_file(path, fmt) for path in kept)
     if rows == 0:
