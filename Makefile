@@ -1,5 +1,6 @@
 # The two commands a newcomer needs (see README.md):
-#   make demo   set up, start a local Kafka broker, run traffic through kproxy
+#   make demo   set up, start a local Kafka broker, run traffic through kproxy, capture it,
+#               and (on Ctrl-C) analyse the capture with Spark
 #   make test   set up and run the test suite
 VENV := .venv
 
@@ -12,7 +13,7 @@ test: setup
 	$(VENV)/bin/python -m pytest
 
 demo: setup
-	$(VENV)/bin/python -m kproxy demo
+	$(VENV)/bin/python -m kproxy demo --analyze
 
 schema:
 	$(VENV)/bin/python tools/generate_schema.py

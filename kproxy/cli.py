@@ -124,11 +124,15 @@ async def _demo(args) -> int:
         # Port 0 everywhere unless asked otherwise: kproxy binds first and advertises
         # what it bound, so no other process can take a port between choosing and using it.
         admin_token = secrets.token_hex(16)          # this demo's own: capture control needs one
-        config = config_module.build({
+        settings = {
             "upstream": cluster.bootstrap_servers, "listen": f"127.0.0.1:{args.port}",
             "admin_listen": f"127.0.0.1:{args.admin_port}",
             "broker_port_base": args.broker_port_base,
-            "capture_root": DEMO_CAPTURE_ROOT, "admin_token": admin_token})
+            "capture_root": DEMO_CAPTURE_ROOT, "admin_token": admin_token}
+        if args.analyze:                             # capture the whole run for the analysis
+            settings.update(capture={"directory": args.capture_dir, "formats": ["parquet"]},
+                            capture_autostart=True)
+        config = config_module.build(settings)
         runtime = Runtime(config, observers=[print_event_lines])
         await runtime.start()
         node = cluster.nodes[0]
@@ -141,7 +145,9 @@ async def _demo(args) -> int:
             f"{runtime.admin_url}/capture/start   (then kproxy capture stats {DEMO_CAPTURE_ROOT})\n"
             f"One line per request/response pair follows; errors= names the Kafka error codes in a\n"
             f"response (a fresh broker answers the first coordinator requests with retriable ones).\n"
-            f"Ctrl-C stops the demo and the broker.\n")
+            + (f"capturing to       {args.capture_dir}  (analysed with Spark when the demo stops)\n"
+               if args.analyze else "")
+            + "Ctrl-C stops the demo and the broker.\n")
         stop = threading.Event()
         traffic = threading.Thread(target=_demo_traffic, args=(f"{host}:{port}", stop),
                                    name="demo-traffic", daemon=True)
@@ -161,6 +167,15 @@ async def _demo(args) -> int:
         await asyncio.to_thread(cluster.stop)
     say("demo stopped; broker stopped")
     return 0
+
+
+def _analyze_demo(capture_dir: str, out: str) -> int:
+    """The demo's last step: the capture it made, through ``kproxy analyze`` as a user types it."""
+    import subprocess
+    say(f"\nanalysing the capture with Spark (Ctrl-C skips it):\n"
+        f"  kproxy analyze {capture_dir} --out {out} --window 10s")
+    return subprocess.call([sys.executable, "-m", "kproxy", "analyze", capture_dir, "--out", out,
+                            "--window", "10s"])
 
 
 RUN_FLAGS = {   # flag -> (config key, help)
@@ -227,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--broker-port-base", type=int, default=0,
                       help="broker listener port = base + node id (default: one the OS picks)")
     demo.add_argument("--duration", type=float, default=0, help="stop after this many seconds")
+    demo.add_argument("--analyze", action="store_true",
+                      help="capture the run (Parquet) and analyse it with Spark when the demo stops")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
@@ -240,9 +257,14 @@ def main(argv: list[str] | None = None) -> int:
         # The demo's clients report problems in its own lines; kafka-python's log lines
         # (an ERROR while a topic is still being created, say) would only alarm a newcomer.
         logging.getLogger("kafka").setLevel(logging.CRITICAL + 1)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        args.capture_dir = f"{DEMO_CAPTURE_ROOT}/demo-{stamp}"
         try:
             import uvloop
-            return uvloop.run(_demo(args))
+            status = uvloop.run(_demo(args))
+            if args.analyze and status == 0:
+                return _analyze_demo(args.capture_dir, f"/tmp/kproxy-analysis/demo-{stamp}")
+            return status
         except KeyboardInterrupt:
             return 130
         except OSError as exc:            # e.g. --port is taken

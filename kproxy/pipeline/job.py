@@ -34,6 +34,7 @@ SUMMARY_TOP = 5                   # top errors listed in summary.json
 WORST_P99_MIN_REQUESTS = 20       # an API needs this many pairs before its p99 can be "the worst"
 PROGRESS_POLL_S = 2.0             # how often a long stage reports its tasks
 PROGRESS_QUIET_S = 5.0            # stages shorter than this print only their result
+PROGRESS_REPEAT_S = 15.0          # a stage whose task counts stand still still says it is alive
 
 
 @dataclass
@@ -89,10 +90,13 @@ class Progress:
         return result
 
     def _watch(self, label: str, stop: threading.Event) -> None:
+        """While a stage runs long: its task counts when they move, else a line now and then."""
         tracker = self.spark.sparkContext.statusTracker()
         began = time.monotonic()
+        said, said_at = None, 0.0
         while not stop.wait(PROGRESS_POLL_S):
-            if time.monotonic() - began < PROGRESS_QUIET_S:
+            now = time.monotonic()
+            if now - began < PROGRESS_QUIET_S:
                 continue
             done = total = 0
             for stage_id in tracker.getActiveStageIds():
@@ -100,8 +104,9 @@ class Progress:
                 if info is not None:
                     done += info.numCompletedTasks
                     total += info.numTasks
-            if total:
+            if total and ((done, total) != said or now - said_at >= PROGRESS_REPEAT_S):
                 self._print(f"{label}: running, {done}/{total} tasks")
+                said, said_at = (done, total), now
 
 
 def _write(df: DataFrame, path: str) -> int:
