@@ -45,7 +45,9 @@ HEARTBEAT_GROUP_APIS = ("ConsumerGroupHeartbeat", "ShareGroupHeartbeat", "Stream
 REBALANCE_ERRORS = ("REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION",
                     "MEMBER_ID_REQUIRED", "FENCED_INSTANCE_ID", "UNRELEASED_INSTANCE_ID",
                     "GROUP_MAX_SIZE_REACHED", "FENCED_MEMBER_EPOCH", "STALE_MEMBER_EPOCH",
-                    "UNKNOWN_SUBSCRIPTION_ID", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR")
+                    "UNKNOWN_SUBSCRIPTION_ID")
+# Not counted: NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE send a member looking for its
+# coordinator (a fresh broker answers them while it loads groups), not back into a rebalance.
 
 
 def _count_if(condition) -> F.Column:
