@@ -165,12 +165,18 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     inputs, pairs = load_capture(spark, paths, options.fmt, options.since, options.until)
     progress.note(_describe(inputs))
-    pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
+    cached = pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         head = progress.stage("read pairs", lambda: _headline(pairs),
                               lambda h: f"{h['pairs']:,} pairs, {h['connections']:,} connections")
         if head["foreign"]:
-            raise InputError("some rows have no capture_version: not all inputs are kproxy captures")
+            # Lines a JSON reader could not parse (a file cut short by a crash, say) or rows of
+            # something else: left out and counted, the rest is still analysed.
+            if head["foreign"] == head["pairs"]:
+                raise InputError("no row has a capture_version: these are not kproxy captures")
+            progress.note(f"{head['foreign']:,} unreadable rows left out (no capture_version)")
+            head["pairs"] -= head["foreign"]
+            pairs = pairs.where(F.col("capture_version").isNotNull())
         if not head["pairs"]:
             raise InputError("the capture holds no request/response pairs"
                              + (" in the --since/--until range" if options.since or options.until else ""))
@@ -196,7 +202,7 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
                 "report", lambda: write_report(out, report_tables, result.summary), lambda path: path)
         return result
     finally:
-        pairs.unpersist()
+        cached.unpersist()
 
 
 def _describe(inputs: Inputs) -> str:
@@ -261,6 +267,7 @@ def _summary(spark: SparkSession, head: dict, inputs: Inputs, result: Result, op
         .select("client_id", "client_host").distinct().count(),
         "inputs": {"format": inputs.format, "files": len(inputs.files), "pruned_files": inputs.pruned},
         "capture_versions": head["versions"],
+        "unreadable_rows": head["foreign"],
         "table_rows": dict(result.table_rows),
         "window_seconds": options.window_seconds,
         "since": _iso(options.since), "until": _iso(options.until),

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kproxy.pipeline import Options, TABLE_NAMES, analyze
+from kproxy.pipeline.synthetic import synthetic_table
 from kproxy.pipeline.tables import PERCENTILE_ACCURACY, SHORT_LIVED_CONNECTION_S
 from kproxy.protocol import is_removed
 from tests.pipeline import reference as ref
@@ -205,3 +206,18 @@ def test_since_until_select_a_time_range(spark, synthetic_capture, tmp_path):
                      Options(since=since, until=until, report=False))
     assert result.summary["pairs"] == sum(since <= ref.utc(r["time"]) < until for r in rows)
     assert result.summary["inputs"]["pruned_files"] == 0 or result.summary["inputs"]["files"] < 4
+
+
+def test_unreadable_jsonl_lines_are_left_out_and_counted(spark, tmp_path):
+    """A JSONL capture cut short (a crash mid-line) still analyses; the broken line is counted."""
+    rows = synthetic_table(300, seed=3).to_pylist()
+    path = tmp_path / "kproxy-capture-20261123T120000-000001.jsonl"
+    with open(path, "w") as f:
+        for r in rows:
+            r = {k: (v.isoformat().replace("+00:00", "Z") if hasattr(v, "isoformat") else v) for k, v in r.items()}
+            f.write(json.dumps(r) + "\n")
+        f.write('{"capture_version": 2, "time": "2026-11-23T12:')          # the crash
+    result = analyze(spark, [str(tmp_path)], str(tmp_path / "out"), Options(report=False))
+    assert result.summary["unreadable_rows"] == 1
+    assert result.summary["pairs"] == len(rows)
+    assert sum(r["requests"] for r in table(result, "api_latency")) == len(rows)
