@@ -21,6 +21,10 @@ instead of flaking.
 The executors run Python, if at all, with the base interpreter of this venv: the
 same version as the driver, with pyspark only from Spark's own ``pyspark.zip``
 and no kproxy. So the run also proves that executors need no kproxy install.
+(They do start Python today: ``tables.removed_versions`` builds its small
+DataFrame with ``createDataFrame`` from Python rows, which Python unpickles on
+the executor that reads them. Built from Spark literals instead, a path that
+does not exist could stand as EXECUTOR_PYTHON: proof that executors need none.)
 """
 
 from __future__ import annotations
