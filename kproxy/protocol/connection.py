@@ -12,6 +12,14 @@ answers requests on a connection in order), knows that a Produce with
 acks=0 gets no response, passes SASL v0 raw tokens through without ever
 exposing them, and times each request with the clock it was given.
 
+Pairing decides which responses are held for address rewriting, so it must
+agree with the broker exactly. Whether a request is answered is read from
+its bytes the way the broker reads them (``_broker_*`` below: padded
+varints, Java int arithmetic), never with kproxy's strict codec; a request
+it cannot be sure about, and a response that is not for the oldest
+unanswered request, raise ``ProtocolViolation`` (the connection must close)
+before any of their bytes are forwarded.
+
 Events carry the raw frame and decode it only when asked (``.request`` /
 ``.response``), so the proxy can forward first and decode afterwards.
 Decoding failures never raise here: they show up as ``decode_error``.
@@ -25,7 +33,6 @@ from collections import deque
 from typing import Callable
 
 from . import schema
-from ._codec import read_uvarint
 from .errors import DecodeError
 from .messages import Request, Response, decode_request, decode_response
 
@@ -40,15 +47,33 @@ SIZE = struct.Struct(">i")
 _REQUEST_PREFIX = struct.Struct(">hhi")
 _I16 = struct.Struct(">h")
 
+_CORRELATION_END = 8            # size prefix and correlation id: what pairing needs of a response
 PRODUCE_KEY = 0
 SASL_HANDSHAKE_KEY = 17
 # Client tokens per SASL exchange when SaslHandshake v0 put the connection in
 # raw-token mode (no SaslAuthenticate framing): the broker answers each one.
 RAW_SASL_ROUNDS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2, "OAUTHBEARER": 1}
+# The broker (Kafka 4.x) refuses a struct claiming more tagged fields than this
+# (3.x accepted more; refusing where either refuses is safe: kproxy then closes).
+BROKER_MAX_TAGGED_FIELDS = 10_000
+_MAX_STRING = 0x7FFF            # the broker refuses longer strings
 
 
-class FrameTooLarge(DecodeError):
-    """A size prefix above the configured maximum (or negative): the connection must close."""
+class ProtocolViolation(DecodeError):
+    """The byte stream cannot be followed safely any more: the connection must close."""
+
+
+class FrameTooLarge(ProtocolViolation):
+    """A size prefix above the configured maximum (or negative)."""
+
+
+class UntrackableRequest(ProtocolViolation):
+    """A request whose answer cannot be predicted (the broker would refuse it, or kproxy
+    does not know its version): closing beats guessing and mis-pairing what follows."""
+
+
+class UnpairedResponse(ProtocolViolation):
+    """A response that is not for the oldest request awaiting one (the broker answers in order)."""
 
 
 class RequestReceived:
@@ -267,37 +292,120 @@ class _Framer:
         """Bytes of the incomplete frame at the end of the stream so far."""
         return len(self.buffer) + self._gathered
 
-    def buffered_bytes(self, start: int = 0) -> bytes:
-        """Those bytes (from ``start``), size prefix included."""
-        if self._parts is not None:
-            return b"".join(self._parts)[start:]
-        return bytes(self.buffer[start:])
+    def buffered_bytes(self, start: int = 0, end: int | None = None) -> bytes:
+        """Those bytes (``start`` to ``end``), size prefix included."""
+        if self._parts is None:
+            return bytes(self.buffer[start:end])
+        if end is not None and end <= len(self._parts[0]):     # no need to join megabytes
+            return bytes(self._parts[0][start:end])
+        return b"".join(self._parts)[start:end]
+
+
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+class _BrokerRefuses(Exception):
+    """Bytes the broker's parser throws on (it closes the connection then)."""
+
+
+def _java_int(value: int) -> int:
+    """``value`` wrapped to a signed 32-bit int, as the broker's Java arithmetic does."""
+    value &= 0xFFFFFFFF
+    return value - 0x1_0000_0000 if value & 0x8000_0000 else value
+
+
+def _broker_uvarint(frame, pos: int) -> tuple[int, int]:
+    """An unsigned varint as the broker reads it: padding (non-minimal encodings) is
+    accepted, at most five bytes, bits past 32 are dropped, and the result is a Java
+    int (so it may be negative). kproxy's codec refuses padding, so it cannot be used
+    to predict what the broker does."""
+    byte = frame[pos]
+    if byte < 0x80:                                  # nearly always: one byte
+        return byte, pos + 1
+    value = 0
+    for shift in (0, 7, 14, 21):
+        byte = frame[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+    byte = frame[pos]
+    if byte & 0x80:
+        raise _BrokerRefuses("varint longer than five bytes")
+    return _java_int(value | byte << 28), pos + 1
+
+
+def _broker_skip_string(frame, pos: int, compact: bool) -> int:
+    """Past a nullable string (int16 or compact varint length), as the broker reads it."""
+    if compact:
+        length, pos = _broker_uvarint(frame, pos)
+        length = length - 1 if length != _INT32_MIN else _INT32_MAX     # Java's int wraps
+    else:
+        length, = _I16.unpack_from(frame, pos)
+        pos += 2
+    if length < 0:
+        return pos                                   # null
+    if length > _MAX_STRING or length > len(frame) - pos:
+        raise _BrokerRefuses(f"string of {length} bytes")
+    return pos + length
+
+
+def _broker_skip_tagged_fields(frame, pos: int) -> int:
+    count, pos = _broker_uvarint(frame, pos)
+    if count == 0:
+        return pos
+    if count < 0 or count > len(frame) - pos or count > BROKER_MAX_TAGGED_FIELDS:
+        raise _BrokerRefuses(f"{count} tagged fields")
+    for _ in range(count):
+        _, pos = _broker_uvarint(frame, pos)         # tag
+        size, pos = _broker_uvarint(frame, pos)
+        if size < 0 or size > len(frame) - pos:
+            raise _BrokerRefuses(f"tagged field of {size} bytes")
+        pos += size
+    return pos
+
+
+def _broker_body_start(frame, header_version: int) -> int:
+    """Where a request's body starts, reading its header as the broker does.
+    Raises _BrokerRefuses, IndexError or struct.error where the broker refuses it."""
+    if header_version == 0:
+        return 8
+    pos = _broker_skip_string(frame, 8, compact=False)      # client_id: int16 length in every version
+    if header_version >= 2:
+        pos = _broker_skip_tagged_fields(frame, pos)
+    return pos
+
+
+_REFUSED = (_BrokerRefuses, IndexError, struct.error)
 
 
 def _produce_expects_response(frame, version: int) -> bool:
-    """Whether a Produce request wants an answer (acks != 0), from a partial parse."""
+    """Whether the broker answers this Produce (acks != 0), read as the broker reads it.
+
+    Raises UntrackableRequest for a version kproxy does not know (its layout could
+    differ) and for bytes the broker refuses (it closes the connection on them).
+    """
+    spec = schema.REQUESTS[PRODUCE_KEY]
+    if not spec.has_version(version):
+        raise UntrackableRequest(f"Produce v{version} is unknown to kproxy: cannot tell "
+                                 f"whether the broker answers it")
+    flexible = spec.is_flexible(version)
     try:
-        flexible = schema.REQUESTS[PRODUCE_KEY].is_flexible(version)
-        pos = 8
-        n, = _I16.unpack_from(frame, pos)           # client_id
-        pos += 2 + max(n, 0)
-        if flexible:                                 # header tagged fields
-            count, pos = read_uvarint(frame, pos)
-            for _ in range(count):
-                _, pos = read_uvarint(frame, pos)
-                size, pos = read_uvarint(frame, pos)
-                pos += size
-        if version >= 3:                             # transactional_id
-            if flexible:
-                n, pos = read_uvarint(frame, pos)
-                pos += max(n - 1, 0)
-            else:
-                n, = _I16.unpack_from(frame, pos)
-                pos += 2 + max(n, 0)
+        pos = _broker_body_start(frame, 2 if flexible else 1)
+        if version >= 3:
+            pos = _broker_skip_string(frame, pos, compact=flexible)    # transactional_id
         acks, = _I16.unpack_from(frame, pos)
-        return acks != 0
-    except (struct.error, IndexError, DecodeError):
-        return True      # the broker cannot parse it either; it will answer or close
+    except _REFUSED as exc:
+        reason = str(exc) if isinstance(exc, _BrokerRefuses) else "cut short"
+        raise UntrackableRequest(f"Produce v{version} that the broker cannot parse ({reason}): "
+                                 f"cannot tell whether it is answered") from None
+    return acks != 0
+
+
+# What relay_broker does with the start of the broker's incomplete frame.
+_PASS = "pass"          # forward it now: it answers a request that is not held
+_HOLD = "hold"          # keep it until complete: it answers a held request
+_WAIT = "wait"          # keep it until its correlation id has arrived (under 8 bytes so far)
 
 
 class Connection:
@@ -310,19 +418,20 @@ class Connection:
         """``hold(api_key, api_version)`` says which responses ``relay_broker`` must keep
         until complete and pass to ``transform``, which returns replacement frame bytes
         (without size prefix) or None to send the original. All other bytes pass through
-        as they arrive."""
+        as they arrive, once the correlation id at their start has shown which request
+        they answer."""
         self._clock = clock
         self._hold = hold
         self._transform = transform
         self._client = _Framer(max_frame_size, "client")
         self._broker = _Framer(max_frame_size, "broker")
         self._broker_passed = 0      # bytes of the broker's incomplete frame already forwarded
+        self._broker_waiting = b""   # its first bytes, held back until the correlation id is in
         self._pending: deque[RequestReceived] = deque()
         self._sasl_mechanism: str | None = None
         self._raw_sasl_rounds: int | None = None     # None: not in raw-token mode
         self._raw_sasl_client_tokens = 0
         self._raw_sasl_broker_tokens = 0
-        self.unanswered = 0                          # responses the broker skipped (protocol breach)
 
     @property
     def in_flight(self) -> int:
@@ -341,7 +450,9 @@ class Connection:
     # ------------------------------------------------------------ client side
 
     def receive_client(self, data) -> list[Event]:
-        """Bytes the client sent. Raises FrameTooLarge; nothing else."""
+        """Bytes the client sent. Raises ProtocolViolation (FrameTooLarge,
+        UntrackableRequest): the connection must close, and ``data`` must not be
+        forwarded."""
         now = self._clock()
         events: list[Event] = []
         for frame in self._client.feed(data):
@@ -354,8 +465,11 @@ class Connection:
 
     def _request(self, frame, now: float) -> Event:
         if len(frame) < _REQUEST_PREFIX.size:
+            # The broker cannot read its header either: it closes the connection, unanswered.
             return MalformedFrame("client", frame, "request shorter than its header", now)
         api_key, api_version, correlation_id = _REQUEST_PREFIX.unpack_from(frame, 0)
+        # Every request is answered or makes the broker close the connection, except a
+        # Produce with acks=0. (Unknown APIs and versions: the broker answers or closes.)
         expects = True
         if api_key == PRODUCE_KEY:
             expects = _produce_expects_response(frame, api_version)
@@ -368,14 +482,19 @@ class Connection:
         return event
 
     def _raw_sasl_exit(self, frame) -> bool:
-        """For mechanisms whose round count is unknown: a frame that decodes as a request ends raw mode."""
-        if self._raw_sasl_rounds != 0:
+        """For mechanisms whose round count is unknown: a frame with a request header the
+        broker accepts, for an API version kproxy knows, ends raw mode. Judged by the
+        header alone: a body kproxy cannot decode must not keep a request (and the
+        address-bearing answer that follows) in raw mode, passed through unexamined."""
+        if self._raw_sasl_rounds != 0 or len(frame) < _REQUEST_PREFIX.size:
+            return False
+        api_key, api_version, _ = _REQUEST_PREFIX.unpack_from(frame, 0)
+        header_version = schema.request_header_version(api_key, api_version)
+        if header_version is None:
             return False
         try:
-            decoded = decode_request(frame)
-        except DecodeError:
-            return False
-        if decoded.is_opaque:
+            _broker_body_start(frame, header_version)
+        except _REFUSED:
             return False
         self._raw_sasl_rounds = None
         return True
@@ -383,7 +502,7 @@ class Connection:
     # ------------------------------------------------------------ broker side
 
     def receive_broker(self, data) -> list[Event]:
-        """Bytes the broker sent. Raises FrameTooLarge; nothing else."""
+        """Bytes the broker sent. Raises ProtocolViolation (FrameTooLarge, UnpairedResponse)."""
         return self.relay_broker(data)[0]
 
     def relay_broker(self, data) -> tuple[list[Event], list]:
@@ -391,12 +510,19 @@ class Connection:
 
         Frames that ``hold`` selects are forwarded whole once complete, after
         ``transform``; every other byte is forwarded as soon as it arrives (the
-        chunk itself, uncopied, when nothing in it is held).
+        chunk itself, uncopied, when nothing in it is held), except the first
+        bytes of a frame whose correlation id has not arrived yet. A response
+        that is not for the oldest unanswered request raises UnpairedResponse
+        before any of its bytes are returned.
         """
-        now = self._clock()
         framer = self._broker
         passed = self._broker_passed
         frames = framer.feed(data)
+        if passed and not frames:            # more of a response already being passed on
+            self._broker_passed += len(data)
+            return [], [data]
+        now = self._clock()
+        waiting = self._broker_waiting
         events: list[Event] = []
         held: list[bool] = []
         for i, frame in enumerate(frames):
@@ -405,10 +531,19 @@ class Connection:
             # A frame whose first bytes already went out cannot be held back any more.
             held.append(isinstance(event, ResponseReceived) and self._held(event.request_event)
                         and not (i == 0 and passed))
-        tail_held = framer.buffered > 0 and self._next_broker_frame_held()
-        self._broker_passed = framer.buffered if framer.buffered and not tail_held else 0
-        if not any(held) and not tail_held:
-            return events, ([data] if data else [])
+        tail = framer.buffered
+        tail_action = self._broker_tail_action() if tail else _PASS
+        self._broker_passed = tail if tail_action is _PASS else 0
+        self._broker_waiting = framer.buffered_bytes() if tail_action is _WAIT else b""
+        if not any(held):
+            if tail_action is _PASS:
+                return events, ([waiting, data] if waiting else [data])
+            if not frames:                   # the incomplete frame is all there is, kept back
+                return events, []
+            # The kept-back tail started in this chunk (frames completed before it).
+            out = [waiting] if waiting else []
+            out.append(memoryview(data)[:len(data) - tail])
+            return events, out
         out: list = []
         for i, (frame, event, is_held) in enumerate(zip(frames, events, held)):
             replacement = self._transform(event) if is_held and self._transform else None
@@ -426,18 +561,37 @@ class Connection:
                 out.append(frame)
             else:
                 out.append(memoryview(frame)[already - 4:])
-        if framer.buffered and not tail_held:
-            out.append(framer.buffered_bytes(0 if frames else passed))
+        if tail and tail_action is _PASS:
+            out.append(framer.buffered_bytes())
         return events, out
 
     def _held(self, request: RequestReceived) -> bool:
         return self._hold is not None and self._hold(request.api_key, request.api_version)
 
-    def _next_broker_frame_held(self) -> bool:
-        """Whether the broker's incomplete frame will be held (decided by what it answers)."""
-        if self._hold is None or self._raw_sasl_rounds is not None or not self._pending:
-            return False
-        return self._held(self._pending[0])
+    def _broker_tail_action(self) -> str:
+        """What to do with the broker's incomplete frame: decided by the request it
+        answers, which its correlation id must show to be the oldest unanswered one."""
+        if self._raw_sasl_rounds is not None:
+            return _PASS                     # an opaque token, not a response
+        start = self._broker.buffered_bytes(0, _CORRELATION_END)
+        if len(start) < _CORRELATION_END:
+            return _WAIT
+        correlation_id, = SIZE.unpack_from(start, 4)
+        request = self._oldest_unanswered(correlation_id)
+        return _HOLD if self._held(request) else _PASS
+
+    def _oldest_unanswered(self, correlation_id: int) -> RequestReceived:
+        """The request a response with this correlation id answers; UnpairedResponse if it
+        is not the oldest one awaiting an answer (the broker answers in order, so either
+        kproxy and the broker disagree about what is answered, or the broker broke the
+        protocol: pairing it with anything would risk forwarding addresses unrewritten)."""
+        pending = self._pending
+        if pending and pending[0].correlation_id == correlation_id:
+            return pending[0]
+        expected = (f"the oldest unanswered request is {pending[0]!r}" if pending
+                    else "no request awaits an answer")
+        raise UnpairedResponse(f"broker response with correlation id {correlation_id}, "
+                               f"but {expected}")
 
     def _broker_frame(self, frame, now: float) -> Event:
         if self._raw_sasl_rounds is not None:
@@ -450,29 +604,15 @@ class Connection:
 
     def _response(self, frame, now: float) -> Event:
         if len(frame) < 4:
-            return MalformedFrame("broker", frame, "response shorter than its header", now)
+            raise UnpairedResponse(f"broker frame of {len(frame)} bytes is too short for a response")
         correlation_id, = SIZE.unpack_from(frame, 0)
-        request = self._match(correlation_id)
-        if request is None:
-            return MalformedFrame("broker", frame,
-                                  f"response to unknown correlation id {correlation_id}", now)
-        event = ResponseReceived(frame, request, now)
-        if request.api_key == SASL_HANDSHAKE_KEY and request.api_version == 0:
-            response = event.response
-            if response is not None and getattr(response.body, "error_code", -1) == 0:
-                self._raw_sasl_rounds = RAW_SASL_ROUNDS.get(self._sasl_mechanism or "", 0)
-                self._raw_sasl_client_tokens = self._raw_sasl_broker_tokens = 0
-        return event
-
-    def _match(self, correlation_id: int) -> RequestReceived | None:
         pending = self._pending
-        if pending and pending[0].correlation_id == correlation_id:
-            return pending.popleft()
-        for i, request in enumerate(pending):
-            if request.correlation_id == correlation_id:
-                # The broker skipped the ones before it: they will never be answered.
-                for _ in range(i):
-                    pending.popleft()
-                self.unanswered += i
-                return pending.popleft()
-        return None
+        if not pending or pending[0].correlation_id != correlation_id:
+            self._oldest_unanswered(correlation_id)              # raises UnpairedResponse
+        request = pending.popleft()
+        event = ResponseReceived(frame, request, now)
+        if request.api_key == SASL_HANDSHAKE_KEY and request.api_version == 0 \
+                and len(frame) >= 6 and _I16.unpack_from(frame, 4)[0] == 0:      # error_code: none
+            self._raw_sasl_rounds = RAW_SASL_ROUNDS.get(self._sasl_mechanism or "", 0)
+            self._raw_sasl_client_tokens = self._raw_sasl_broker_tokens = 0
+        return event

@@ -6,7 +6,13 @@ forwarded as soon as they are read; broker bytes go through the tracker's
 may carry broker addresses, which it holds until complete and rewrites.
 Events reach observers *after* the bytes are on their way; an observer that
 raises is logged once and otherwise ignored: observation never breaks
-forwarding.
+forwarding. When the tracker cannot follow the stream safely (a request whose
+answer it cannot predict, a response out of order) it raises before those
+bytes are forwarded, and the connection closes.
+
+A client that half-closes (shuts down its sending side) after its last request
+still gets the answers it is owed, as it would from Kafka: the broker gets the
+half-close too, and the connection closes once nothing is in flight.
 
 Backpressure: each pump awaits ``drain()`` after writing, so it stops
 reading its side while the other side's write buffer is above
@@ -26,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from ..protocol.connection import DEFAULT_MAX_FRAME_SIZE, Connection, Event, FrameTooLarge, ResponseReceived
+from ..protocol.connection import DEFAULT_MAX_FRAME_SIZE, Connection, Event, ProtocolViolation, ResponseReceived
 
 log = logging.getLogger("kproxy.relay")
 
@@ -81,6 +87,7 @@ class Relay:
     bytes_from_client: int = 0
     bytes_from_broker: int = 0
     bytes_to_client: int = 0           # differs from bytes_from_broker where responses were rewritten
+    client_done_sending: bool = False  # the client half-closed: deliver what is in flight, then close
     close_reason: str | None = None
     writers: list = field(default_factory=list)
 
@@ -137,14 +144,16 @@ async def _client_to_broker(relay: Relay, reader, writer, observers) -> str:
     while True:
         data = await reader.read(READ_CHUNK)
         if not data:
+            relay.client_done_sending = True
             if writer.can_write_eof():
                 writer.write_eof()
             return "client closed"
         try:
             # Framed before forwarding (cheap: decoding is lazy) so that an oversized or
-            # negative size prefix closes the connection before the broker sees any of it.
+            # negative size prefix, or a request whose answer cannot be predicted, closes
+            # the connection before the broker sees any of it.
             events = tracker.receive_client(data)
-        except FrameTooLarge as exc:
+        except ProtocolViolation as exc:
             return str(exc)
         writer.write(data)
         relay.bytes_from_client += len(data)
@@ -164,7 +173,7 @@ async def _broker_to_client(relay: Relay, reader, writer, observers) -> str:
         relay.last_active = time.monotonic()
         try:
             events, out = tracker.relay_broker(data)
-        except FrameTooLarge as exc:
+        except ProtocolViolation as exc:
             return str(exc)
         except RewriteFailed as exc:
             return f"rewrite failed, closing rather than leak an address: {exc}"
@@ -177,6 +186,8 @@ async def _broker_to_client(relay: Relay, reader, writer, observers) -> str:
         if events:
             _notify(observers, relay.info, events)
         await writer.drain()
+        if relay.client_done_sending and not tracker.in_flight:
+            return "client closed, its answers delivered"
 
 
 async def _connect(policy: RelayPolicy) -> tuple[HostPort, asyncio.StreamReader, asyncio.StreamWriter]:
@@ -216,6 +227,16 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_wri
         client_writer.close()
         return
     relay.writers.append(broker_writer)
+    gone = next((side for side, w in (("client", client_writer), ("broker", broker_writer))
+                 if w.transport.is_closing()), None)
+    if gone is not None:
+        # Typically a client that connected and reset at once, while kproxy was still
+        # connecting upstream: its transport is already closed and cannot be set up.
+        log.info("conn client=%s:%d listener=%s upstream=%s:%d %s closed while connecting upstream",
+                 *peer, policy.name, *upstream, gone)
+        for w in relay.writers:
+            w.close()
+        return
     relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened)
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
                                transform=policy.transform)
@@ -224,18 +245,21 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_wri
     log.info("conn=%d open client=%s:%d listener=%s upstream=%s:%d",
              relay.info.id, *peer, policy.name, *upstream)
     notify_hook(policy.observers, "connection_opened", relay.info)
-    pumps = [asyncio.create_task(_client_to_broker(relay, client_reader, broker_writer, policy.observers)),
-             asyncio.create_task(_broker_to_client(relay, broker_reader, client_writer, policy.observers))]
+    client_pump = asyncio.create_task(_client_to_broker(relay, client_reader, broker_writer, policy.observers))
+    broker_pump = asyncio.create_task(_broker_to_client(relay, broker_reader, client_writer, policy.observers))
     reason = "cancelled"
     try:
-        done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-        reason = next(iter(done)).result()
+        done, _ = await asyncio.wait((client_pump, broker_pump), return_when=asyncio.FIRST_COMPLETED)
+        if broker_pump not in done and relay.client_done_sending and relay.in_flight:
+            reason = await broker_pump           # half-closed: the answers still come
+        else:
+            reason = next(iter(done)).result()
     except asyncio.CancelledError:
         reason = relay.close_reason or "cancelled"
     except (ConnectionError, OSError, ssl.SSLError) as exc:
         reason = f"socket error: {exc}"
     finally:
-        for task in pumps:
+        for task in (client_pump, broker_pump):
             task.cancel()
         for w in relay.writers:
             w.close()

@@ -51,9 +51,12 @@ LISTEN_BACKLOG = 1024             # accept queue per listener; clients burst on 
 IDLE_CHECK_INTERVAL_S = 5.0       # how often idle connections are looked for
 SHUTDOWN_POLL_S = 0.05            # how often shutdown checks for in-flight requests
 CLOSE_GRACE_S = 2.0               # closed sockets' handlers finish in milliseconds; this is slack
-# Distinct (direction, api, version) kinds logged; a client sending random api keys must
-# not grow the set (or the log) without bound. Metrics still count every failure.
-MAX_LOGGED_DECODE_KINDS = 256
+# Decode failures are logged once per (direction, api, version) kind per interval, and at
+# most this many kinds per interval: a client sending random api keys can neither flood the
+# log nor, by using up a budget, silence it for good. What is not logged is counted in the
+# next line that is, and metrics count every failure.
+DECODE_LOG_INTERVAL_S = 60.0
+DECODE_LOG_KINDS_PER_INTERVAL = 10
 # A broker listener that cannot be bound is tried again after this, doubling each time up
 # to the cap: a port freed by another process is picked up within BIND_RETRY_MAX_S, and
 # one bind attempt per node every few seconds costs nothing.
@@ -98,7 +101,7 @@ class Proxy:
         self._client_ssl = client_context(config.tls_client) if config.tls_client else None
         self._reaper: asyncio.Task | None = None
         self._opening: set[str] = set()
-        self._decode_failures_logged: set[tuple] = set()
+        self._decode_log = LogBudget(DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL)
         self.rejected_connections = 0
         self._closed_traffic = {"from_client": 0, "to_broker": 0, "from_broker": 0, "to_client": 0}
         self.started = False
@@ -414,7 +417,7 @@ class Proxy:
     # ------------------------------------------------------------ logging
 
     def _log_decode_failures(self, info, events) -> None:
-        """Decode failures are logged once per (direction, api, version), not per frame."""
+        """Decode failures, logged within ``self._decode_log``'s budget."""
         for event in events:
             if isinstance(event, ResponseReceived):
                 direction, name = "response", event.request_event.api_name
@@ -425,10 +428,36 @@ class Proxy:
             error = event.decode_error
             if error is None:
                 continue
-            key = (direction, event.api_key, event.api_version)
-            if len(self._decode_failures_logged) < MAX_LOGGED_DECODE_KINDS and \
-                    key not in self._decode_failures_logged:
-                self._decode_failures_logged.add(key)
-                log.warning("cannot decode %s v%d %s (further ones not logged; see "
-                            "kproxy_decode_failures_total): %s", name, event.api_version,
-                            direction, error)
+            unlogged = self._decode_log.admit((direction, event.api_key, event.api_version))
+            if unlogged is None:
+                continue
+            log.warning("cannot decode %s v%d %s: %s (the same again within %gs is not logged%s; "
+                        "see kproxy_decode_failures_total)", name, event.api_version, direction,
+                        error, DECODE_LOG_INTERVAL_S,
+                        f"; {unlogged} earlier failures were not logged" if unlogged else "")
+
+
+class LogBudget:
+    """Which occurrences of a repeating problem to log: each kind once per interval, at most
+    ``kinds_per_interval`` kinds; the rest are counted and reported with the next one logged."""
+
+    def __init__(self, interval: float, kinds_per_interval: int, clock=time.monotonic):
+        self.interval = interval
+        self.kinds_per_interval = kinds_per_interval
+        self.clock = clock
+        self._ends = float("-inf")
+        self._logged: set = set()
+        self._unlogged = 0
+
+    def admit(self, kind) -> int | None:
+        """None if this occurrence is not to be logged; else how many were not logged before it."""
+        now = self.clock()
+        if now >= self._ends:
+            self._ends = now + self.interval
+            self._logged.clear()
+        if kind in self._logged or len(self._logged) >= self.kinds_per_interval:
+            self._unlogged += 1
+            return None
+        self._logged.add(kind)
+        unlogged, self._unlogged = self._unlogged, 0
+        return unlogged

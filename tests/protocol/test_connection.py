@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
-from kproxy.protocol.connection import (Connection, FrameTooLarge, MalformedFrame, RequestReceived,
-                                        ResponseReceived, SaslTokenPassed)
+from kproxy.protocol.connection import (Connection, FrameTooLarge, MalformedFrame, ProtocolViolation,
+                                        RequestReceived, ResponseReceived, SaslTokenPassed,
+                                        UnpairedResponse, UntrackableRequest)
 
 
 def framed(payload: bytes) -> bytes:
@@ -88,13 +89,104 @@ def test_produce_acks_zero_expects_no_response(version):
     assert resp.request_event is acked
 
 
-def test_skipped_response_is_counted_and_pairing_recovers():
+def test_a_response_not_for_the_oldest_request_raises():
+    """The broker answers in order: skipping a request means kproxy and the broker disagree
+    about what is answered, and pairing by a later match could forward addresses unrewritten."""
     conn = Connection()
     conn.receive_client(request_bytes(18, 3, 1) + request_bytes(18, 3, 2))
-    [resp] = conn.receive_broker(response_bytes(18, 3, 2))
-    assert resp.correlation_id == 2 and conn.unanswered == 1 and conn.in_flight == 0
-    [stray] = conn.receive_broker(response_bytes(18, 3, 99))
-    assert isinstance(stray, MalformedFrame) and "99" in stray.reason
+    with pytest.raises(UnpairedResponse, match="correlation id 2, but the oldest unanswered "
+                                              "request is .*correlation_id=1"):
+        conn.receive_broker(response_bytes(18, 3, 2))
+    with pytest.raises(UnpairedResponse, match="no request awaits"):
+        Connection().receive_broker(response_bytes(18, 3, 99))
+    with pytest.raises(UnpairedResponse, match="too short"):
+        Connection().receive_broker(framed(b"\x00\x01"))
+
+
+def produce_v9(correlation_id, acks, header_tags=b"\x00", transactional_id=b"\x00", rest=None):
+    """Produce v9 built by hand, so its varints can be padded the way Kafka still accepts."""
+    if rest is None:
+        rest = struct.pack(">i", 1000) + b"\x01\x00"       # timeout, no topics, no tagged fields
+    return framed(struct.pack(">hhih", 0, 9, correlation_id, 4) + b"test" + header_tags
+                  + transactional_id + struct.pack(">h", acks) + rest)
+
+
+# header tagged fields / transactional_id bytes, as Kafka 4.4 reads them (checked against a real
+# broker in tests/proxy/test_wire_hardening.py)
+PADDED_BUT_ACCEPTED = {
+    "count 0 as 80 00": dict(header_tags=b"\x80\x00"),
+    "count 0 in five bytes": dict(header_tags=b"\x80\x80\x80\x80\x00"),
+    "count 0, fifth byte's high bits dropped": dict(header_tags=b"\x80\x80\x80\x80\x70"),
+    "one field, padded size": dict(header_tags=b"\x01\x85\x00\x82\x00ab"),
+    "null transactional id as 80 00": dict(transactional_id=b"\x80\x00"),
+    "transactional id length wrapping to null": dict(transactional_id=b"\x81\x80\x80\x80\x08"),
+    "trailing bytes": dict(rest=struct.pack(">i", 1000) + b"\x01\x00junk"),
+}
+
+
+@pytest.mark.parametrize("fields", PADDED_BUT_ACCEPTED.values(), ids=PADDED_BUT_ACCEPTED.keys())
+def test_produce_acks_is_read_the_way_the_broker_reads_it(fields):
+    conn = Connection()
+    [quiet] = conn.receive_client(produce_v9(1, acks=0, **fields))
+    [acked] = conn.receive_client(produce_v9(2, acks=1, **fields))
+    assert not quiet.expects_response and acked.expects_response and conn.in_flight == 1
+
+
+REFUSED_BY_THE_BROKER = {
+    "six-byte varint": dict(header_tags=b"\x80\x80\x80\x80\x80\x00"),
+    "negative tagged field count": dict(header_tags=b"\x80\x80\x80\x80\x08"),
+    "tagged field longer than the frame": dict(header_tags=b"\x01\x05\x7f"),
+    "transactional id length wrapping past int max": dict(transactional_id=b"\x80\x80\x80\x80\x08"),
+    "cut before acks": dict(transactional_id=b"\x03a", rest=b""),     # the string takes half of acks
+}
+
+
+@pytest.mark.parametrize("fields", REFUSED_BY_THE_BROKER.values(), ids=REFUSED_BY_THE_BROKER.keys())
+def test_produce_the_broker_refuses_is_untrackable(fields):
+    frame = produce_v9(1, acks=0, **fields)
+    with pytest.raises(UntrackableRequest, match="cannot tell"):
+        Connection().receive_client(frame)
+
+
+def test_produce_of_an_unknown_version_is_untrackable():
+    frame = framed(struct.pack(">hhih", 0, 99, 1, 1) + b"c" + b"\x00" * 20)
+    with pytest.raises(UntrackableRequest, match="Produce v99 is unknown"):
+        Connection().receive_client(frame)
+    assert issubclass(UntrackableRequest, ProtocolViolation) and issubclass(FrameTooLarge, ProtocolViolation)
+
+
+def test_issue_10_same_correlation_id_after_a_padded_acks_0_produce():
+    """The reproduction from issue 10: Produce acks=0 with tagged count 80 00, then Metadata
+    with the same correlation id; the Metadata answer must be held and rewritten."""
+    conn = Connection(hold=lambda k, v: k == 3, transform=lambda e: b"\x00\x00\x00\x07REWRITTEN")
+    conn.receive_client(produce_v9(7, acks=0, header_tags=b"\x80\x00") + request_bytes(3, 12, 7, topics=None))
+    answer = response_bytes(3, 12, 7, brokers=[Struct(node_id=1, host="broker.internal", port=9092, rack=None)])
+    out = []
+    for pos in range(0, len(answer), 5):                 # the answer spans reads
+        events, chunks = conn.relay_broker(answer[pos:pos + 5])
+        out += chunks
+    assert b"".join(bytes(c) for c in out) == framed(b"\x00\x00\x00\x07REWRITTEN")
+    assert events[0].api_key == 3 and conn.in_flight == 0
+
+
+def test_relay_broker_keeps_a_frame_start_until_its_correlation_id_is_in():
+    conn = Connection()
+    conn.receive_client(request_bytes(18, 3, 1))
+    answer = response_bytes(18, 3, 1)
+    assert conn.relay_broker(answer[:6]) == ([], [])      # size and half a correlation id
+    events, out = conn.relay_broker(answer[6:9])
+    assert events == [] and b"".join(bytes(c) for c in out) == answer[:9]
+    events, out = conn.relay_broker(answer[9:])
+    assert len(events) == 1 and b"".join(bytes(c) for c in out) == answer[9:]
+
+
+def test_relay_broker_refuses_an_unpaired_response_before_passing_any_of_it():
+    conn = Connection(hold=lambda k, v: k == 3, transform=lambda e: None)
+    conn.receive_client(request_bytes(18, 3, 1))
+    stray = response_bytes(3, 12, 2, brokers=[Struct(node_id=1, host="broker.internal", port=9092, rack=None)])
+    assert conn.relay_broker(stray[:7]) == ([], [])
+    with pytest.raises(UnpairedResponse):
+        conn.relay_broker(stray[7:20])
 
 
 def sasl_v0_handshake(conn, mechanism):
@@ -128,6 +220,16 @@ def test_sasl_v0_unknown_mechanism_ends_at_first_real_request():
         assert isinstance(conn.receive_broker(framed(b"reply"))[0], SaslTokenPassed)
     [meta] = conn.receive_client(request_bytes(3, 9, 5, topics=None))
     assert isinstance(meta, RequestReceived) and not conn.in_raw_sasl
+
+
+def test_sasl_v0_unknown_mechanism_ends_at_a_request_header_even_if_its_body_is_odd():
+    conn = Connection()
+    sasl_v0_handshake(conn, "GSSAPI")
+    # Metadata v12 whose header tagged-field count is padded (80 00): the broker takes it,
+    # kproxy's strict codec does not.
+    odd_metadata = framed(struct.pack(">hhih", 3, 12, 5, 4) + b"test" + b"\x80\x00" + b"\x00\x00\x00\x00")
+    [meta] = conn.receive_client(odd_metadata)
+    assert isinstance(meta, RequestReceived) and meta.request is None and not conn.in_raw_sasl
 
 
 def test_failed_sasl_handshake_stays_in_kafka_mode():
