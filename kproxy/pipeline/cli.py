@@ -131,6 +131,10 @@ def run(args, master: str | None) -> int:
             raise UsageError("--top must be positive")
         if args.once and not args.follow:
             raise UsageError("--once goes with --follow")
+        if "://" in args.out and not args.out.startswith("file://"):
+            raise UsageError("--out must be a local directory (the report and summary are written "
+                             "by the driver); the tables can be copied anywhere from there")
+        args.out = args.out.removeprefix("file://")
         if not args.follow:
             resolve_inputs(args.paths, options.fmt, options.since)   # fail fast, before Spark starts
         spark = session(master)

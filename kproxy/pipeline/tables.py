@@ -236,9 +236,12 @@ def inventory_of_connections(connections: DataFrame) -> DataFrame:
 
 def removed_versions(spark) -> DataFrame:
     """(api_key, lowest, highest) request versions Kafka 4.0 removed (KIP-896), from the schema."""
-    rows = [(key, lo, hi) for key in sorted(kafka_schema.API_NAMES)
-            if (span := kafka_schema.removed_versions(key)) is not None for lo, hi in [span]]
-    return spark.createDataFrame(rows, "api_key short, removed_lo short, removed_hi short")
+    # Spark literals (a local relation in the JVM), not Python rows: executors need no Python.
+    spans = [F.struct(F.lit(key).cast("short").alias("api_key"), F.lit(lo).cast("short").alias("removed_lo"),
+                      F.lit(hi).cast("short").alias("removed_hi"))
+             for key in sorted(kafka_schema.API_NAMES)
+             if (span := kafka_schema.removed_versions(key)) is not None for lo, hi in [span]]
+    return spark.range(1).select(F.explode(F.array(*spans)).alias("r")).select("r.*")
 
 
 def upgrade_readiness(pairs: DataFrame, removed: DataFrame) -> DataFrame:

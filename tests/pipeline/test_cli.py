@@ -129,3 +129,8 @@ def test_since_prunes_only_files_that_ended_before_it():
     edge = dt.datetime(2026, 11, 23, 11, 0, 1, tzinfo=dt.timezone.utc)
     assert prune_before(names[:2], edge)[1] == 1
     assert prune_before(names[:2], edge - dt.timedelta(microseconds=1))[1] == 0
+
+
+def test_out_must_be_local(tmp_path):
+    write_synthetic(str(tmp_path / "cap"), 100, files=1)
+    one_error_line(analyze_cli(str(tmp_path / "cap"), "--out", "s3a://bucket/out"), "--out must be a local directory")
