@@ -76,6 +76,7 @@ class Runtime:
         self.capture = Capture(instance_name=config.instance_name)
         self.metrics = Metrics(client_id_label=config.metrics_client_id_label,
                                topic_label=config.metrics_topic_label,
+                               group_label=config.metrics_group_label,
                                label_cap=config.metrics_label_cap, capture=self.capture,
                                in_flight=lambda: self.proxy.in_flight(),
                                traffic=lambda: self.proxy.traffic(),

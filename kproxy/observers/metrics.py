@@ -7,13 +7,16 @@ cardinality is bounded by construction: ``api`` is one of Kafka's ~95 API
 names (unknown keys fold into ``unknown``), ``error`` one of Kafka's error
 names, ``listener`` one per broker, ``reason`` a fixed set; the opt-in
 ``client_id`` and ``topic`` labels keep the first N values seen and fold the
-rest into ``other``.
+rest into ``other``. So do the client software name/version (always on: the
+client's own words) and the opt-in ``group`` label; consumer group state is
+kept for a bounded number of groups, the least recently active evicted.
 """
 
 from __future__ import annotations
 
 import errno
 import platform
+from collections import OrderedDict
 from typing import Iterable
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
@@ -21,10 +24,11 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import __version__
-from ..protocol import SCHEMA_SOURCES, api_name, error_name, schema
+from ..protocol import API_KEYS, SCHEMA_SOURCES, api_name, error_name, is_removed, schema
 from ..protocol.connection import (MalformedFrame, RequestReceived, ResponseReceived,
                                    SaslTokenPassed)
 from ..protocol import DecodeError
+from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, iter_batches
 from ..protocol.walk import error_codes
 
@@ -36,9 +40,41 @@ SIZE_BUCKETS = tuple(64 * 4 ** i for i in range(12))
 # Broker quotas throttle in milliseconds to tens of seconds.
 THROTTLE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 DEFAULT_LABEL_CAP = 100   # distinct client_id / topic values before folding into "other"
+# Rebalances: a few hundred milliseconds for a small group up to max.poll.interval.ms (5 min).
+REBALANCE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# Client software names/versions are whatever the client sends (Kafka sets no length limit):
+# label values are cut to this many characters.
+SOFTWARE_LABEL_MAX_CHARS = 64
+# A connection that has not named its software (no ApiVersions v3+ yet, or an older client).
+UNKNOWN_SOFTWARE = "unknown"
+# Consumer groups whose rebalance state is kept; past this the least recently active is dropped
+# (its counters stay; its members leave the members gauge).
+MAX_TRACKED_GROUPS = 10_000
+# A group kproxy has seen nothing of for this long has no member talking through it any more
+# (members heartbeat every few seconds): dropped at the next scrape.
+GROUP_IDLE_SECONDS = 300.0
+# A KIP-848 member not heard from for this long has left (session.timeout.ms defaults to 45 s).
+MEMBER_STALE_SECONDS = 120.0
+# KIP-848 member ids remembered per group (the members gauge counts at most this many).
+MAX_MEMBERS_PER_GROUP = 10_000
 
 FETCH_KEYS = (1, 78)      # Fetch, ShareFetch: long-poll until data or max.wait.ms
 PRODUCE_KEY = 0
+API_VERSIONS_KEY = 18
+API_VERSIONS_SOFTWARE_VERSION = 3      # ApiVersions v3+ names the client's software
+JOIN_GROUP_KEY, SYNC_GROUP_KEY, LEAVE_GROUP_KEY = 11, 14, 13
+# Member heartbeats of the KIP-848 style protocols (response member_epoch) -> protocol label.
+EPOCH_HEARTBEATS = {API_KEYS[name]: protocol for name, protocol in (
+    ("ConsumerGroupHeartbeat", "consumer"), ("ShareGroupHeartbeat", "share"),
+    ("StreamsGroupHeartbeat", "streams")) if name in API_KEYS}
+# APIs a member calls within a generation or epoch (the shared pair-field table says which carry
+# one): their errors below mean "rejoin the group".
+GENERATION_APIS = frozenset(API_KEYS[name] for name, columns in PAIR_FIELDS.items()
+                            if "generation" in columns and name in API_KEYS)
+GROUP_RESPONSE_KEYS = GENERATION_APIS | {LEAVE_GROUP_KEY}
+REJOIN_ERRORS = ("REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION",
+                 "FENCED_MEMBER_EPOCH")
+REJOIN_ERROR_CODES = frozenset(code for code, name in schema.ERROR_NAMES.items() if name in REJOIN_ERRORS)
 CLOSE_REASONS = ("client_closed", "broker_closed", "frame_too_large", "rewrite_failed",
                  "idle_timeout", "shutdown", "socket_error", "upstream_unreachable",
                  "max_connections", "other")
@@ -108,7 +144,7 @@ class Metrics:
 
     def __init__(self, client_id_label: bool = False, topic_label: bool = False,
                  label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None,
-                 unbound_listeners=None):
+                 unbound_listeners=None, group_label: bool = False):
         """``in_flight()``, ``traffic()`` and ``unbound_listeners()`` are read at scrape time
         (nothing on the hot path): traffic returns cumulative byte totals keyed like
         ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported."""
@@ -210,11 +246,46 @@ class Metrics:
                                                "Record batch bytes fetched, by topic (opt-in, capped)",
                                                ["topic"], registry=r)
 
+        # Client inventory: every open connection counts once, under "unknown" until its
+        # ApiVersions v3+ request (accepted by the broker) names the software.
+        self.software_connections = Gauge(
+            "kproxy_client_software_connections",
+            "Client connections open now, by the software the client named in ApiVersions v3+ (capped)",
+            ["client_software_name", "client_software_version"], registry=r)
+        self.deprecated_requests = Counter(
+            "kproxy_deprecated_requests_total",
+            "Requests at versions Kafka 4.0 removed (KIP-896): these clients must upgrade first",
+            ["api", "version", "client_software_name"], registry=r)
+        self._software_pair = BoundedLabel(label_cap)     # "name\0version" pairs
+        self._software_name = BoundedLabel(label_cap)
+        self._unknown_software = self.software_connections.labels(UNKNOWN_SOFTWARE, UNKNOWN_SOFTWARE)
+        self._conn_software: dict[int, tuple[str, object]] = {}   # connection id -> (name label, gauge child)
+
+        # Consumer groups: the group label is opt-in; without it, totals.
+        group = ["group"] if group_label else []
+        self.group_label = BoundedLabel(label_cap) if group_label else None
+        self.group_rebalances = Counter(
+            "kproxy_group_rebalances_total",
+            "Group rebalances: new generations in JoinGroup answers, member epoch bumps (KIP-848)",
+            group + ["protocol"], registry=r)
+        self.group_rebalance_seconds = Histogram(
+            "kproxy_group_rebalance_seconds",
+            "Classic rebalance time: first JoinGroup request of a round to the last SyncGroup answer",
+            group, buckets=REBALANCE_BUCKETS, registry=r)
+        self.group_rejoin_errors = Counter(
+            "kproxy_group_rejoin_errors_total",
+            "Answers to group members with an error that makes them rejoin the group",
+            group + ["api", "error"], registry=r)
+        self._groups: OrderedDict[str, _GroupState] = OrderedDict()   # least recently active first
+        self._now = 0.0                                               # latest group event time
+        r.register(_GroupMembersCollector(self))
+
         self._apis: dict[int, _ApiSeries] = {}
         for key in schema.API_NAMES:                 # known label sets exported as zeros
             self._series(key)
         self._decode_failures = {d: self.decode_failures.labels(d) for d in ("request", "response")}
-        self._versions: dict[tuple[int, int], object] = {}   # (api key, version) -> child
+        # (api key, version) -> (versions child, removed in Kafka 4.0?)
+        self._versions: dict[tuple[int, int], tuple[object, bool]] = {}
         self._codec_children = {     # label children by codec, looked up once
             id(counter): {codec: counter.labels(codec) for codec in CODEC_NAMES}
             for counter in (self.produce_batches, self.fetch_batches)}
@@ -233,25 +304,30 @@ class Metrics:
     def __call__(self, info, events: Iterable) -> None:
         for event in events:
             if isinstance(event, ResponseReceived):
-                self._response(event)
+                self._response(event, info)
             elif isinstance(event, RequestReceived):
-                self._request(event)
+                self._request(event, info)
             elif isinstance(event, SaslTokenPassed):
                 self.sasl_tokens.labels(event.direction).inc()
             elif isinstance(event, MalformedFrame):
                 self._decode_failures["request" if event.direction == "client" else "response"].inc()
 
-    def _request(self, event: RequestReceived) -> None:
+    def _request(self, event: RequestReceived, info) -> None:
         series = self._series(event.api_key)
         series.requests.inc()
         series.request_size.observe(event.size)
         series.request_bytes.inc(event.size)
         if event.api_key in schema.API_NAMES:
             key = (event.api_key, event.api_version)
-            child = self._versions.get(key)
-            if child is None:
-                child = self._versions[key] = self.request_versions.labels(series.name, str(event.api_version))
-            child.inc()
+            version = self._versions.get(key)
+            if version is None:
+                version = self._versions[key] = (
+                    self.request_versions.labels(series.name, str(event.api_version)),
+                    is_removed(event.api_key, event.api_version))
+            version[0].inc()
+            if version[1]:                    # from the header alone: no decoding needed
+                self.deprecated_requests.labels(series.name, str(event.api_version),
+                                                self._software_of(info)).inc()
         request = event.request
         if request is None:
             self._decode_failures["request"].inc()
@@ -261,6 +337,8 @@ class Metrics:
             return
         if self.client_id_label is not None:
             self.client_requests.labels(self.client_id_label(request.client_id)).inc()
+        if event.api_key == JOIN_GROUP_KEY:
+            self._join_requested(request.body, event.time)
         if event.api_key == PRODUCE_KEY:
             for topic in request.body.topic_data:
                 for partition in topic.partition_data:
@@ -270,7 +348,7 @@ class Metrics:
                     if self.topic_label is not None and nbytes:
                         self.topic_produced_bytes.labels(self.topic_label(_topic_name(topic))).inc(nbytes)
 
-    def _response(self, event: ResponseReceived) -> None:
+    def _response(self, event: ResponseReceived, info) -> None:
         series = self._series(event.api_key)
         series.response_size.observe(event.size)
         series.response_bytes.inc(event.size)
@@ -295,8 +373,13 @@ class Metrics:
             series.throttle.observe(throttle_ms / 1000.0)
             if throttle_ms > 0:
                 series.throttled.inc()
-        for code in error_codes("response", event.api_key, response.body_version or event.api_version, body):
+        codes = error_codes("response", event.api_key, response.body_version or event.api_version, body)
+        for code in codes:
             self.errors.labels(series.name, error_name(code)).inc()
+        if event.api_key in GROUP_RESPONSE_KEYS:
+            self._group_response(event, series.name, body, codes)
+        elif event.api_key == API_VERSIONS_KEY:
+            self._software_named(event, info, body)
 
     def _fetched(self, body) -> int:
         total = 0
@@ -328,14 +411,155 @@ class Metrics:
             record_counter.inc(count)
         return nbytes
 
+    # ------------------------------------------------------------ client inventory
+
+    def _software_of(self, info) -> str:
+        """The software name label of a connection (``unknown`` until it names one)."""
+        software = self._conn_software.get(info.id) if info is not None else None
+        return software[0] if software is not None else UNKNOWN_SOFTWARE
+
+    def _software_named(self, event: ResponseReceived, info, body) -> None:
+        """ApiVersions v3+ accepted by the broker (it refuses malformed names): move the
+        connection from ``unknown`` (or what it said before) to the software it named."""
+        if info is None or event.request_event.api_version < API_VERSIONS_SOFTWARE_VERSION \
+                or getattr(body, "error_code", 0):
+            return
+        current = self._conn_software.get(info.id)
+        request = event.request_event.request
+        if current is None or request is None or request.is_opaque:
+            return
+        fields = pair_fields(API_VERSIONS_KEY, request.body, None)
+        name = (fields["client_software_name"] or "")[:SOFTWARE_LABEL_MAX_CHARS]
+        version = (fields["client_software_version"] or "")[:SOFTWARE_LABEL_MAX_CHARS]
+        if not name:
+            return
+        if self._software_pair(f"{name}\0{version}") == "other":
+            name_label, child = "other", self.software_connections.labels("other", "other")
+        else:
+            name_label = self._software_name(name)
+            child = self.software_connections.labels(name, version)
+        if child is current[1]:
+            return
+        current[1].dec()
+        child.inc()
+        self._conn_software[info.id] = (name_label, child)
+
+    # ------------------------------------------------------------ consumer groups
+
+    def _group(self, group_id: str, now: float) -> "_GroupState":
+        """The state of a group, marked most recently active (created, evicting the least, if new)."""
+        self._now = now
+        groups = self._groups
+        state = groups.get(group_id)
+        if state is None:
+            if len(groups) >= MAX_TRACKED_GROUPS:
+                groups.popitem(last=False)
+            label = self.group_label(group_id) if self.group_label is not None else None
+            state = groups[group_id] = _GroupState(label)
+        else:
+            groups.move_to_end(group_id)
+        state.seen = now
+        return state
+
+    def _join_requested(self, body, now: float) -> None:
+        """A JoinGroup request: the first one since the group settled starts a round."""
+        group_id = getattr(body, "group_id", None)
+        if group_id:
+            state = self._group(group_id, now)
+            if state.round_start is None:
+                state.round_start = now
+
+    def _group_labels(self, state: "_GroupState", *labels: str) -> tuple:
+        return (state.label, *labels) if state.label is not None else labels
+
+    def _group_response(self, event: ResponseReceived, api: str, body, codes: list[int]) -> None:
+        request = event.request_event.request
+        if request is None or request.is_opaque:
+            return
+        fields = pair_fields(event.api_key, request.body, body)
+        group_id = fields["group_id"]
+        if not group_id:
+            return
+        state = self._group(group_id, event.time)
+        for code in set(codes) & REJOIN_ERROR_CODES if codes else ():
+            self.group_rejoin_errors.labels(*self._group_labels(state, api, error_name(code))).inc()
+        if getattr(body, "error_code", 0):
+            return
+        key = event.api_key
+        if key == JOIN_GROUP_KEY:
+            self._joined(state, body, fields["generation"], event.request_event.time)
+        elif key == SYNC_GROUP_KEY:
+            if fields["generation"] == state.generation and state.round_start is not None:
+                state.synced += 1
+                if state.expected and state.synced >= state.expected:   # the last member synced
+                    histogram = self.group_rebalance_seconds
+                    if state.label is not None:
+                        histogram = histogram.labels(state.label)
+                    histogram.observe(max(0.0, event.time - state.round_start))
+                    state.round_start = None
+        elif key == LEAVE_GROUP_KEY:
+            leaving = getattr(request.body, "members", None)
+            state.classic_members = max(0, state.classic_members - (len(leaving) if leaving else 1))
+        elif key in EPOCH_HEARTBEATS:
+            self._epoch_heartbeat(state, EPOCH_HEARTBEATS[key], request.body, body, fields["member_id"],
+                                  event.time)
+
+    def _joined(self, state: "_GroupState", body, generation, requested: float) -> None:
+        if generation is None:
+            return
+        if generation != state.generation:       # a new round (or a group made anew)
+            state.generation, state.synced, state.expected = generation, 0, 0
+            if state.round_start is None:
+                state.round_start = requested
+            self.group_rebalances.labels(*self._group_labels(state, "classic")).inc()
+        elif state.expected and state.synced >= state.expected:
+            state.round_start = None             # a rejoin the coordinator answered without a round
+        members = getattr(body, "members", None)
+        if members and body.leader == body.member_id:       # only the leader learns the members
+            state.expected = state.classic_members = len(members)
+
+    def _epoch_heartbeat(self, state: "_GroupState", protocol: str, request_body, body,
+                         member_id, now: float) -> None:
+        sent = getattr(request_body, "member_epoch", 0)
+        granted = getattr(body, "member_epoch", -1)
+        members = state.members
+        if sent < 0:                             # -1 leaving, -2 a static member leaving
+            members.pop(member_id, None)
+            return
+        if member_id and (member_id in members or len(members) < MAX_MEMBERS_PER_GROUP):
+            members[member_id] = now
+        if granted > sent and granted > state.epoch:    # the group moved to a new epoch
+            state.epoch = granted
+            self.group_rebalances.labels(*self._group_labels(state, protocol)).inc()
+
+    def group_members(self) -> dict:
+        """Members per group label (None without the group label), dropping what went quiet."""
+        now = self._now
+        out: dict = {}
+        for group_id, state in list(self._groups.items()):
+            if now - state.seen > GROUP_IDLE_SECONDS:
+                del self._groups[group_id]
+                continue
+            members = state.members
+            for member_id, seen in list(members.items()):
+                if now - seen > MEMBER_STALE_SECONDS:
+                    del members[member_id]
+            out[state.label] = out.get(state.label, 0) + state.classic_members + len(members)
+        return out
+
     # ------------------------------------------------------------ connections
 
     def connection_opened(self, info) -> None:
         self.connections_opened.labels(info.listener).inc()
         self.connections_open.labels(info.listener).inc()
+        self._conn_software[info.id] = (UNKNOWN_SOFTWARE, self._unknown_software)
+        self._unknown_software.inc()
 
     def connection_closed(self, info, reason: str = "", in_flight: int = 0) -> None:
         self.connections_open.labels(info.listener).dec()
+        software = self._conn_software.pop(info.id, None)
+        if software is not None:
+            software[1].dec()
         self.connections_closed.labels(info.listener, close_reason_label(reason)).inc()
 
     def connection_refused(self, listener: str, reason: str) -> None:
@@ -375,6 +599,47 @@ CAPTURE_COUNTERS = {
     "decompression_refused": ("kproxy_capture_decompression_refused_total",
                               "Compressed batches capture did not inflate past its bound (likely bombs)"),
 }
+
+
+class _GroupState:
+    """What kproxy knows of one consumer group's current round and members."""
+
+    __slots__ = ("label", "seen", "generation", "round_start", "expected", "synced",
+                 "classic_members", "epoch", "members")
+
+    def __init__(self, label: str | None):
+        self.label = label
+        self.seen = 0.0
+        self.generation: int | None = None   # classic: the last generation a JoinGroup answer gave
+        self.round_start: float | None = None   # first JoinGroup request of the open round
+        self.expected = 0                    # members of that generation (the leader's answer says)
+        self.synced = 0                      # SyncGroup answers of that generation so far
+        self.classic_members = 0
+        self.epoch = -1                      # KIP-848: the highest member epoch granted
+        self.members: dict[str, float] = {}  # KIP-848 member id -> last heartbeat answered
+
+
+class _GroupMembersCollector:
+    """kproxy_group_members, counted from the group state at scrape time."""
+
+    NAME, HELP = "kproxy_group_members", "Group members now: the last classic generation plus KIP-848 members heartbeating"
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        labelled = self.metrics.group_label is not None
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=["group"] if labelled else [])
+        counts = self.metrics.group_members()
+        if labelled:
+            for label, count in counts.items():
+                family.add_metric([label], count)
+        else:
+            family.add_metric([], sum(counts.values()))
+        yield family
+
+    def describe(self):
+        return [GaugeMetricFamily(self.NAME, self.HELP)]
 
 
 class _TrafficCollector:

@@ -15,6 +15,8 @@ forwards bytes out; this package only interprets them.
 - ``DecodeError`` is the only exception decoding raises, whatever the input.
 - ``is_removed(api_key, version)`` / ``removed_versions(api_key)``: request
   versions Kafka 4.0 removed (KIP-896), still decoded here, rejected by 4.x.
+- ``pair_fields`` names, per API, the fields holding a group, member,
+  generation or client software (shared by capture and metrics).
 - ``records`` decodes record batches on demand; ``connection`` pairs requests
   and responses on a byte stream.
 """

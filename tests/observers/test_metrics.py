@@ -110,7 +110,7 @@ def test_client_id_label_is_opt_in_and_capped():
 def test_exposition_follows_naming_rules():
     from types import SimpleNamespace
     m = Metrics(traffic=lambda: {"from_client": 10, "to_client": 20})
-    info = SimpleNamespace(listener="bootstrap")
+    info = SimpleNamespace(id=1, listener="bootstrap")
     m.connection_opened(info)
     m.connection_closed(info, reason="client closed", in_flight=0)
     text = generate_latest(m.registry).decode()
