@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""``kproxy analyze`` end to end on synthetic captures: rows per second and peak memory.
+
+For each size (default 1 M and 10 M pairs) it writes a synthetic capture
+(``kproxy.pipeline.synthetic``: one hour of traffic per million pairs, kept in
+a cache directory for later runs), then runs ``python -m kproxy analyze DIR
+--out OUT --master local[2]`` as a subprocess, as a user would, and reports
+wall time (JVM start included), pairs per second, the time of each stage (from
+the job's own progress lines) and peak resident memory of the Python driver
+and of its JVM (``VmHWM`` from /proc, polled while they run).
+
+    python benchmarks/bench_analyze.py [--rows 1000000,10000000] [--json] [--no-report]
+        [--cache DIR] [--master local[2]] [--spark-conf KEY=VALUE ...] [--timeout S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kproxy.pipeline.synthetic import write_synthetic  # noqa: E402
+
+DEFAULT_ROWS = (1_000_000, 10_000_000)
+CHUNK_ROWS = 1_000_000             # generated one hour at a time: 10 M pairs at once would need ~6 GiB
+CHUNK_SPAN_S = 3600.0
+FILES_PER_CHUNK = 2                # a capture rotating at ~35 MB (Parquet, zstd) per 500 k pairs
+START = dt.datetime(2026, 11, 23, 0, 0, tzinfo=dt.timezone.utc)
+POLL_S = 0.2                       # /proc sampling period; VmHWM is the kernel's own peak, so it only
+                                   # needs reading before the process exits
+_STAGE = re.compile(r"^\[analyze\s+[\d.]+s\] (?:\d+/\d+ )?(?P<name>[^:]+): (?P<what>.*) \((?P<s>[\d.]+)s\)$")
+
+
+def capture(cache: Path, rows: int) -> Path:
+    """The synthetic capture of ``rows`` pairs, generated once into ``cache``."""
+    directory = cache / f"synthetic-{rows}"
+    done = directory / ".complete"
+    if done.exists():
+        return directory
+    shutil.rmtree(directory, ignore_errors=True)
+    began = time.monotonic()
+    written = 0
+    for chunk in range(-(-rows // CHUNK_ROWS)):
+        size = min(CHUNK_ROWS, rows - written)
+        write_synthetic(str(directory), size, files=FILES_PER_CHUNK, seed=chunk,
+                        prefix="kproxy-capture", start=START + dt.timedelta(seconds=chunk * CHUNK_SPAN_S),
+                        span_seconds=CHUNK_SPAN_S * size / CHUNK_ROWS)
+        written += size
+    done.write_text(f"{rows}\n")
+    print(f"generated {rows:,} pairs in {time.monotonic() - began:.0f}s under {directory}", file=sys.stderr)
+    return directory
+
+
+def _status(pid: int, key: str) -> int:
+    """A /proc/PID/status figure in kB (0 once the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        try:
+            with open(f"/proc/{parent}/task/{parent}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            children = []
+        found.extend(children)
+        frontier.extend(children)
+    return found
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class PeakMemory(threading.Thread):
+    """Polls the driver process and its JVM child for their peak resident set (VmHWM)."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.python_kb = 0
+        self.jvm_kb = 0
+        self.finished = threading.Event()
+
+    def run(self) -> None:
+        while not self.finished.is_set():
+            self.python_kb = max(self.python_kb, _status(self.pid, "VmHWM"))
+            for child in _descendants(self.pid):
+                if _comm(child) == "java":
+                    self.jvm_kb = max(self.jvm_kb, _status(child, "VmHWM"))
+            self.finished.wait(POLL_S)
+
+
+def run_analyze(directory: Path, rows: int, args) -> dict:
+    """Time one ``kproxy analyze`` subprocess; its progress lines are echoed to stderr as they come."""
+    out = Path(tempfile.mkdtemp(prefix="kproxy-bench-analyze-out-"))
+    command = [sys.executable, "-m", "kproxy", "analyze", str(directory), "--out", str(out),
+               "--master", args.master]
+    if args.no_report:
+        command.append("--no-report")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if args.spark_conf:
+        env["PYSPARK_SUBMIT_ARGS"] = " ".join(f"--conf {c}" for c in args.spark_conf) + " pyspark-shell"
+    began = time.monotonic()
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)     # its JVM is in its session
+    memory = PeakMemory(process.pid)
+    memory.start()
+    stages: dict[str, float] = {}
+    errors: list[str] = []
+    log_path = args.cache_dir / f"analyze-{rows}.log"          # Spark's warnings and errors, whole
+
+    def read_progress() -> None:
+        with open(log_path, "w") as log:
+            for line in process.stderr:
+                log.write(line)
+                line = line.rstrip()
+                match = _STAGE.match(line)
+                if match:
+                    stages[match["name"]] = float(match["s"])
+                if line.startswith("[analyze") or line.startswith("kproxy analyze"):
+                    print(f"  {line}", file=sys.stderr, flush=True)
+                elif " ERROR " in line or "Error:" in line:
+                    errors.append(line)
+
+    reader = threading.Thread(target=read_progress, daemon=True)
+    reader.start()
+    try:
+        process.wait(timeout=args.timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)           # the driver and its JVM, nothing else
+        process.wait()
+        timed_out = True
+    wall = time.monotonic() - began
+    reader.join()
+    memory.finished.set()
+    memory.join()
+    result = {"rows": rows, "files": sum(1 for p in directory.glob("*.parquet")),
+              "capture_mb": round(sum(p.stat().st_size for p in directory.glob("*.parquet")) / 1e6, 1),
+              "wall_s": round(wall, 1), "rows_per_s": None if timed_out else round(rows / wall),
+              "stage_s": stages, "stages_total_s": round(sum(stages.values()), 1),
+              "peak_jvm_mb": round(memory.jvm_kb / 1024), "peak_python_mb": round(memory.python_kb / 1024)}
+    if timed_out:
+        result["error"] = f"stopped after --timeout {args.timeout:g}s"
+    elif process.returncode != 0:
+        result["rows_per_s"] = None
+        result["error"] = (f"exit {process.returncode}: " + (errors[0] if errors else "see the log"))[:300]
+    else:
+        with open(out / "summary.json") as f:
+            pairs = json.load(f)["pairs"]
+        if pairs != rows:
+            result["error"] = f"summary.json counts {pairs:,} pairs, the capture holds {rows:,}"
+    if "error" in result:
+        result["log"] = str(log_path)
+    shutil.rmtree(out, ignore_errors=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default=",".join(str(r) for r in DEFAULT_ROWS),
+                        help="comma-separated capture sizes in pairs (default 1000000,10000000)")
+    parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "kproxy-bench-analyze"),
+                        help="where generated captures are kept between runs")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--no-report", action="store_true", help="tables and summary.json only")
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Spark setting for the run (spark-submit --conf), repeatable")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="stop a run after S seconds and report the stages it finished")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    args.cache_dir = Path(args.cache)
+    args.cache_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for rows in (int(r) for r in args.rows.split(",")):
+        result = run_analyze(capture(args.cache_dir, rows), rows, args)
+        results.append(result)
+        if "error" in result:
+            print(f"{rows:,} pairs: {result['error']} (log: {result['log']})", file=sys.stderr)
+        if not args.json:
+            speed = (f"{result['rows_per_s']:,} pairs/s" if result["rows_per_s"] else "did not finish")
+            print(f"{rows:>12,} pairs  {result['wall_s']:7.1f} s  {speed:>16}  "
+                  f"peak JVM {result['peak_jvm_mb']:,} MB, Python {result['peak_python_mb']:,} MB", flush=True)
+    if args.json:
+        print(json.dumps({"python": platform.python_version(), "machine": platform.machine(),
+                          "cpus": os.cpu_count(), "master": args.master, "report": not args.no_report,
+                          "spark_conf": args.spark_conf, "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
