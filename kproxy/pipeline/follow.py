@@ -38,6 +38,10 @@ The lag a user sees: the capture's rotation (``rotate_seconds``, one hour by
 default; capture with ``rotate_seconds`` of a minute to follow closely), plus
 up to ``FEED_POLL_S`` + ``TRIGGER_SECONDS`` and the batch's own time (seconds).
 
+A table is replaced whole after each batch (written aside, swapped in by
+renames): a read that listed the old files just before a swap fails with
+Spark's FILE_NOT_EXIST and succeeds when repeated.
+
 ``once=True`` reads the files that are complete now (``availableNow``) and
 returns; otherwise it runs until Ctrl-C (or ``stop`` is set), lets the batch in
 progress finish and stops the queries. Either way the checkpoint

@@ -232,6 +232,9 @@ class Proxy:
     async def _serve(self, name: str, policy: RelayPolicy, sock: socket.socket) -> None:
         server = await asyncio.start_server(self._handler(policy), sock=sock,
                                             ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
+        if self.stopping:            # bound by a retry as shutdown began: never serve it
+            server.close()
+            return
         self.listeners[name] = server
 
     def _bind(self, host: str, port: int) -> socket.socket:
@@ -387,7 +390,7 @@ class Proxy:
         moment with nothing in flight anywhere would always run into the timeout.
         """
         self.stopping = True
-        for server in self.listeners.values():
+        for server in list(self.listeners.values()):
             server.close()
         for entry in self.unbound.values():
             entry.retry.cancel()
@@ -406,7 +409,8 @@ class Proxy:
         tasks = [r.task for r in self.relays if r.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_GRACE_S)
-        for server in self.listeners.values():
+        # A snapshot: a handler finishing meanwhile may still drop a broker's listener.
+        for server in list(self.listeners.values()):
             try:        # bounded: on newer Pythons wait_closed also waits for connections
                 await asyncio.wait_for(server.wait_closed(), CLOSE_GRACE_S)
             except asyncio.TimeoutError:

@@ -29,6 +29,7 @@ from kproxy.pipeline.synthetic import synthetic_table, write_synthetic
 pytest.importorskip("pyspark")
 
 from pyspark.sql import functions as F  # noqa: E402
+from py4j.protocol import Py4JJavaError  # noqa: E402
 from pyspark.sql.utils import AnalysisException  # noqa: E402
 
 from kproxy.pipeline import follow as follow_module  # noqa: E402
@@ -156,6 +157,10 @@ def _wait_for_requests(spark, out, expected, failures):
                     for name in follow_module.STREAMED_TABLES]
         except AnalysisException:
             seen = None                       # not written yet
+        except Py4JJavaError as exc:          # listed the table just before a swap replaced it
+            if "FILE_NOT_EXIST" not in str(exc):
+                raise
+            seen = None
         if seen == [expected, expected]:
             return
         time.sleep(1.0)
