@@ -20,6 +20,13 @@ DEFAULT_TOP = 20
 # Shuffle partitions when kproxy starts a local Spark: the default 200 makes every
 # aggregation of a laptop-sized capture pay for 200 tiny tasks. Per core, a few.
 LOCAL_SHUFFLE_PARTITIONS_PER_CORE = 2
+# Heap for a local Spark kproxy starts (driver and executors share it). Spark's default
+# 1 GiB runs out of memory caching 10 M pairs (measured: OutOfMemoryError in the first
+# stage); 4 GiB ran them with a 4.7 GB peak. A quarter of the machine, within bounds;
+# spark.driver.memory in PYSPARK_SUBMIT_ARGS (or spark-submit) wins.
+LOCAL_DRIVER_MEMORY_SHARE = 0.25
+LOCAL_DRIVER_MEMORY_MIN_MB = 1024
+LOCAL_DRIVER_MEMORY_MAX_MB = 16 * 1024
 LOG4J_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 _UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60,
           "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
@@ -93,6 +100,16 @@ def _check_java() -> None:
                          "openjdk-17-jre-headless or set JAVA_HOME")
 
 
+def local_driver_memory_mb() -> int:
+    """The heap for a local Spark: LOCAL_DRIVER_MEMORY_SHARE of physical memory, bounded."""
+    try:
+        total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError, AttributeError):
+        return LOCAL_DRIVER_MEMORY_MIN_MB
+    return int(min(max(total_mb * LOCAL_DRIVER_MEMORY_SHARE, LOCAL_DRIVER_MEMORY_MIN_MB),
+                   LOCAL_DRIVER_MEMORY_MAX_MB))
+
+
 def session(master: str | None):
     """A SparkSession: ours with quiet logs when we start Spark, spark-submit's as it is otherwise."""
     _check_java()
@@ -103,6 +120,8 @@ def session(master: str | None):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             builder = builder.config("spark.sql.shuffle.partitions",
                                      str(LOCAL_SHUFFLE_PARTITIONS_PER_CORE * (os.cpu_count() or 1)))
+            if "spark.driver.memory" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+                builder = builder.config("spark.driver.memory", f"{local_driver_memory_mb()}m")
         builder = (builder.master(master)
                    .config("spark.ui.showConsoleProgress", "false")      # Progress prints stages
                    .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"))

@@ -134,3 +134,11 @@ def test_since_prunes_only_files_that_ended_before_it():
 def test_out_must_be_local(tmp_path):
     write_synthetic(str(tmp_path / "cap"), 100, files=1)
     one_error_line(analyze_cli(str(tmp_path / "cap"), "--out", "s3a://bucket/out"), "--out must be a local directory")
+
+
+def test_local_spark_gets_a_bounded_share_of_memory():
+    mb = cli.local_driver_memory_mb()
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    assert cli.LOCAL_DRIVER_MEMORY_MIN_MB <= mb <= cli.LOCAL_DRIVER_MEMORY_MAX_MB
+    assert mb == max(cli.LOCAL_DRIVER_MEMORY_MIN_MB,
+                     min(int(total * cli.LOCAL_DRIVER_MEMORY_SHARE), cli.LOCAL_DRIVER_MEMORY_MAX_MB))
