@@ -132,6 +132,7 @@ def session(master: str | None):
 
 def run(args, master: str | None) -> int:
     try:
+        from pyspark.errors import StreamingQueryException
         from pyspark.sql.utils import AnalysisException
     except ImportError:
         print("kproxy analyze: error: PySpark is not installed: pip install 'kproxy[analysis]'",
@@ -165,7 +166,7 @@ def run(args, master: str | None) -> int:
     except (UsageError, InputError) as exc:
         print(f"kproxy analyze: error: {exc}", file=sys.stderr)
         return 2
-    except AnalysisException as exc:
+    except (AnalysisException, StreamingQueryException) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"kproxy analyze: error: {first}", file=sys.stderr)
         return 1
