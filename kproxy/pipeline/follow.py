@@ -40,7 +40,7 @@ up to ``FEED_POLL_S`` + ``TRIGGER_SECONDS`` and the batch's own time (seconds).
 
 A table is replaced whole after each batch (written aside, swapped in by
 renames): a read that listed the old files just before a swap fails with
-Spark's FILE_NOT_EXIST and succeeds when repeated.
+Spark's FILE_NOT_EXIST (or a footer it cannot read) and succeeds when repeated.
 
 ``once=True`` reads the files that are complete now (``availableNow``) and
 returns; otherwise it runs until Ctrl-C (or ``stop`` is set), lets the batch in
@@ -65,8 +65,8 @@ from functools import reduce
 
 from ..observers.capture.config import DEFAULT_ROTATE_SECONDS
 from . import tables as T
-from .source import (_NAME, _TIME_COLUMNS, InputError, _format_of, _is_uri, _local, check_file,
-                     prepare, resolve_inputs, spark_schema)
+from .source import (_NAME, InputError, _format_of, _is_uri, _local, check_file,
+                     prepare, read_with, resolve_inputs, spark_schema)
 
 STREAMED_TABLES = ("series", "client_inventory")
 # A capture file holds up to one rotation of pairs, and sidecars writing to one
@@ -347,17 +347,10 @@ def _changed_only(write):
 
 
 def _read_stream(spark, location: str, fmt: str, options, local: bool):
-    from pyspark.sql import functions as F
     reader = spark.readStream.option("maxFilesPerTrigger", MAX_FILES_PER_TRIGGER)
     if local:
         reader = reader.option("cleanSource", "delete")       # our links, never the capture's files
-    if fmt == "parquet":
-        raw = reader.option("pathGlobFilter", "*.parquet").schema(spark_schema()).parquet(location)
-    else:
-        raw = (reader.option("pathGlobFilter", "*.jsonl*").schema(spark_schema(for_json=True))
-               .option("mode", "PERMISSIVE").json(location))
-        for name in _TIME_COLUMNS:                            # as source.read_capture does
-            raw = raw.withColumn(name, F.col(name).cast("timestamp"))
+    raw = read_with(reader, fmt, location)
     return prepare(raw, options.since, options.until).withWatermark("time", f"{WATERMARK_DELAY_S} seconds")
 
 

@@ -207,13 +207,18 @@ def spark_schema(for_json: bool = False):
 
 def read_capture(spark, inputs: Inputs):
     """The raw rows of the capture files, every column of the newest schema."""
-    from pyspark.sql import functions as F
     # A directory URI may hold the other formats too (pcapng, JSONL beside Parquet): read only ours.
-    if inputs.format == "parquet":
-        return (spark.read.schema(spark_schema()).option("pathGlobFilter", "*.parquet")
-                .parquet(*inputs.files))
-    df = (spark.read.schema(spark_schema(for_json=True)).option("mode", "PERMISSIVE")
-          .option("pathGlobFilter", "*.jsonl*").json(list(inputs.files)))
+    return read_with(spark.read, inputs.format, list(inputs.files))
+
+
+def read_with(reader, fmt: str, location):
+    """Capture rows through a batch or streaming reader: the schema, only our files, JSONL times."""
+    from pyspark.sql import functions as F
+    if fmt == "parquet":
+        return reader.schema(spark_schema()).option("pathGlobFilter", "*.parquet").parquet(
+            *(location if isinstance(location, list) else [location]))
+    df = (reader.schema(spark_schema(for_json=True)).option("mode", "PERMISSIVE")
+          .option("pathGlobFilter", "*.jsonl*").json(location))
     for name in _TIME_COLUMNS:
         df = df.withColumn(name, F.col(name).cast("timestamp"))
     return df
