@@ -31,7 +31,8 @@ from typing import Iterable
 from ..config import Config
 from ..protocol import DecodeError, encode_response
 from ..protocol.connection import RequestReceived, ResponseReceived
-from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay
+from .relay import (HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
+                    serve_relays)
 from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
                       withhold_nodes)
 from .tls import client_context, server_context
@@ -203,23 +204,23 @@ class Proxy:
         return [ups[(first + i) % len(ups)] for i in range(len(ups))]
 
     def _handler(self, policy: RelayPolicy):
-        async def handle(reader, writer):
+        async def handle(client):
             if self.stopping:                # accepted just before the listener closed
                 notify_hook(self.observers, "connection_refused", policy.name, "shutting down")
-                writer.close()
+                client.close()
                 return
             if len(self.relays) >= self.config.max_connections:
                 self.rejected_connections += 1
-                peer = writer.get_extra_info("peername")
+                peer = client.get_extra_info("peername")
                 log.warning("refusing connection from %s on %s: max_connections (%d) reached",
                             peer, policy.name, self.config.max_connections)
                 notify_hook(self.observers, "connection_refused", policy.name, "max_connections")
-                writer.close()
+                client.close()
                 return
             relay = Relay(task=asyncio.current_task())
             self.relays.add(relay)
             try:
-                await run_relay(relay, policy, reader, writer)
+                await run_relay(relay, policy, client)
             finally:
                 self.relays.discard(relay)
                 closed = self._closed_traffic
@@ -230,8 +231,8 @@ class Proxy:
         return handle
 
     async def _serve(self, name: str, policy: RelayPolicy, sock: socket.socket) -> None:
-        server = await asyncio.start_server(self._handler(policy), sock=sock,
-                                            ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
+        server = await serve_relays(self._handler(policy), sock=sock,
+                                    ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
         if self.stopping:            # bound by a retry as shutdown began: never serve it
             server.close()
             return
