@@ -443,6 +443,11 @@ class Connection:
         return self._raw_sasl_rounds is not None
 
     @property
+    def client_partial(self) -> int:
+        """Bytes of the client's incomplete frame so far (0 between requests)."""
+        return self._client.buffered
+
+    @property
     def buffered(self) -> int:
         """Bytes held for incomplete frames, both directions."""
         return self._client.buffered + self._broker.buffered

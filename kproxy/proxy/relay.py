@@ -38,6 +38,7 @@ import logging
 import ssl
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -50,6 +51,23 @@ READ_CHUNK = 256 * 1024          # most one read takes (an arena's size); fetch 
 MIN_READ_ROOM = 64 * 1024
 WRITE_HIGH_WATER = 1024 * 1024   # stop reading the other side above this much unsent data
 WRITE_LOW_WATER = WRITE_HIGH_WATER // 4   # ... and start again below this
+# Kafka reads one request per connection at a time and answers in order; clients keep a
+# handful in flight (the Java client 5 by default). A client with more unanswered is
+# pipelining blindly: kproxy stops reading it until answers bring it below this, which
+# bounds the tracker's queue and the work one client can line up.
+MAX_IN_FLIGHT_PER_CONNECTION = 1000
+# Events handed to observers in one go. More (one read of thousands of tiny pipelined
+# requests) wait for the next turns of the event loop, so other connections, scrapes and
+# health checks run in between; the client is not read until they are all observed.
+OBSERVER_EVENTS_PER_STEP = 256
+# Room offered to a client's reads after one of them carried more requests than a step:
+# keeps one read's framing work small (~1,000 minimal requests) while it pipelines.
+PIPELINED_READ_BYTES = 16 * 1024
+# A request must be complete this long after its first byte arrived, else the connection
+# closes (a trickle of bytes would otherwise keep it open forever: every byte is
+# activity). Generous: a 100 MiB frame at 1 MB/s fits; clients time out requests after
+# 30 s by default anyway.
+REQUEST_DEADLINE_S = 120.0
 
 HostPort = tuple[str, int]
 Observer = Callable[["ConnectionInfo", Iterable[Event]], None]
@@ -137,6 +155,7 @@ class Endpoint(asyncio.BufferedProtocol):
         self.lost = False
         self._on_accept = on_accept
         self._room: memoryview | None = None
+        self.read_limit = READ_CHUNK             # most bytes one read may take
         self._paused_for: set[str] = set()
         self._early: list[bytes] = []            # client bytes read before the relay was linked
         self._early_eof = False
@@ -149,7 +168,10 @@ class Endpoint(asyncio.BufferedProtocol):
             self.task = asyncio.get_running_loop().create_task(self._on_accept(self))
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        self._room = room = self.arena.room()
+        room = self.arena.room()
+        if len(room) > self.read_limit:
+            room = room[:self.read_limit]
+        self._room = room
         return room
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -241,6 +263,9 @@ class Relay:
     broker: Endpoint | None = None
     observers: list = field(default_factory=list)
     done: asyncio.Future | None = None   # set by finish(); run_relay waits on it
+    # Events not yet given to observers (more than a step's worth came at once), in order.
+    _unobserved: deque | None = field(default=None, repr=False)
+    _request_deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     @property
     def in_flight(self) -> int:
@@ -262,6 +287,9 @@ class Relay:
         (gracefully: bytes already written are still sent), wake ``run_relay``."""
         if self.close_reason is None:
             self.close_reason = reason
+        if self._request_deadline is not None:
+            self._request_deadline.cancel()
+            self._request_deadline = None
         for endpoint in (self.client, self.broker):
             if endpoint is not None:
                 endpoint.close()
@@ -294,8 +322,21 @@ class Relay:
         self.broker.transport.write(data)
         self.bytes_from_client += len(data)
         self.last_active = time.monotonic()
+        tracker = self.tracker
+        client = self.client
+        if tracker.in_flight >= MAX_IN_FLIGHT_PER_CONNECTION:
+            client.pause("requests in flight")
+        client.read_limit = PIPELINED_READ_BYTES if len(events) > OBSERVER_EVENTS_PER_STEP else READ_CHUNK
+        partial = tracker.client_partial
+        if self._request_deadline is not None and (events or not partial):
+            self._request_deadline.cancel()
+            self._request_deadline = None
+        if partial and self._request_deadline is None:
+            self._request_deadline = asyncio.get_running_loop().call_later(
+                REQUEST_DEADLINE_S, self.finish,
+                f"request not complete {REQUEST_DEADLINE_S:g}s after its first byte")
         if events:
-            _notify(self.observers, self.info, events)
+            self._observe(events)
 
     def _from_broker(self, data: memoryview) -> None:
         self.bytes_from_broker += len(data)
@@ -316,10 +357,43 @@ class Relay:
         elif out:
             transport.writelines(out)
             self.bytes_to_client += sum(len(chunk) for chunk in out)
+        if tracker.in_flight < MAX_IN_FLIGHT_PER_CONNECTION:
+            self.client.resume("requests in flight")
         if events:
-            _notify(self.observers, self.info, events)
+            self._observe(events)
         if self.client_done_sending and not tracker.in_flight:
             self.finish("client closed, its answers delivered")
+
+    def _observe(self, events: list) -> None:
+        """Give events to the observers: at once, or a step per turn of the loop if many."""
+        if self._unobserved is None:
+            if len(events) <= OBSERVER_EVENTS_PER_STEP:
+                _notify(self.observers, self.info, events)
+                return
+            self._unobserved = deque()
+            self.client.pause("observers catching up")
+            self._unobserved.extend(events)
+            self._observe_step()
+        else:
+            self._unobserved.extend(events)
+
+    def _observe_step(self) -> None:
+        unobserved = self._unobserved
+        if unobserved is None:
+            return
+        step = [unobserved.popleft() for _ in range(min(len(unobserved), OBSERVER_EVENTS_PER_STEP))]
+        _notify(self.observers, self.info, step)
+        if unobserved:
+            asyncio.get_running_loop().call_soon(self._observe_step)
+            return
+        self._unobserved = None
+        self.client.resume("observers catching up")
+
+    def observe_the_rest(self) -> None:
+        """The connection ended: observers get every event before they hear of the close."""
+        unobserved, self._unobserved = self._unobserved, None
+        if unobserved:
+            _notify(self.observers, self.info, list(unobserved))
 
     def eof(self, endpoint: Endpoint) -> bool:
         """A side shut down its sending half; True keeps the socket open for writing."""
@@ -433,6 +507,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
         relay.finish("cancelled")
     finally:
         relay.finish("cancelled")                # a no-op unless something above raised
+        relay.observe_the_rest()
         reason = relay.close_reason
         log.info("conn=%d close client=%s:%d reason=%s bytes_client_to_broker=%d "
                  "bytes_broker_to_client=%d bytes_to_client=%d in_flight=%d",
