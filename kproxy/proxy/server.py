@@ -15,6 +15,18 @@ address-bearing response goes through:
 - sidecar: one listener in front of the local broker; every node is
   advertised at a templated host and a rule-derived port, so the sidecars
   of all brokers hand out the same addresses without talking to each other.
+
+Routing ``sni`` (either mode) replaces the ports with names: every node is
+advertised at ``sni_host_template``'s name for it, on the one TLS listener's
+port, and the server name each client sends in its handshake picks the node
+(``sni.NodeNames.route``); the bootstrap name picks any upstream, an unknown
+name (or none) ends the handshake before kproxy's certificate is sent, with a
+log line within a budget and ``kproxy_sni_refused_total``. (OpenSSL queues an
+``unrecognized_name`` alert, but asyncio closes without flushing it: clients
+see the connection closed during the handshake.) No broker listener is ever opened, so
+nothing is withheld; a node that joins the cluster is reachable at its name
+the moment a response names it. A sidecar checks the name and always reaches
+its own broker (DNS or the load balancer sends each name to its sidecar).
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from ..protocol.connection import RequestReceived, ResponseReceived
 from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay
 from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
                       withhold_nodes)
+from .sni import BOOTSTRAP
 from .tls import client_context, server_context
 
 log = logging.getLogger("kproxy.server")
@@ -63,6 +76,12 @@ DECODE_LOG_KINDS_PER_INTERVAL = 10
 BIND_RETRY_FIRST_S = 0.25
 BIND_RETRY_MAX_S = 5.0
 OS_CHOSEN_PORT = 0                # broker_port_base 0: the OS picks each broker listener's port
+# Refused server names (SNI routing) are logged like decode failures: each name once per
+# interval, at most this many names per interval (a scanner trying names cannot flood the
+# log); kproxy_sni_refused_total counts every refusal.
+SNI_LOG_INTERVAL_S = 60.0
+SNI_LOG_NAMES_PER_INTERVAL = 5
+ROUTE_ATTRIBUTE = "kproxy_route"  # set on each handshake's SSLObject: BOOTSTRAP or a node id
 
 
 @dataclass(eq=False)
@@ -97,9 +116,15 @@ class Proxy:
         self.bound_ports: dict[int, int] = {}              # node id -> port its listener is bound to
         self.unbound: dict[int, UnboundListener] = {}      # node id -> listener that cannot bind
         self._bootstrap_cycle = itertools.cycle(range(len(config.upstreams)))
-        self._server_ssl = server_context(config.tls_server) if config.tls_server else None
+        self.sni_names = config.sni_names                  # None unless routing = "sni"
+        self._sni_log = LogBudget(SNI_LOG_INTERVAL_S, SNI_LOG_NAMES_PER_INTERVAL)
+        self._sni_policies: dict[object, RelayPolicy] = {}  # BOOTSTRAP / node id -> policy
+        self._server_ssl = server_context(
+            config.tls_server, self._on_server_name if self.sni_names else None) \
+            if config.tls_server else None
         self._client_ssl = client_context(config.tls_client) if config.tls_client else None
         self._reaper: asyncio.Task | None = None
+        self._listen_port = config.listen[1]      # as bound, once started (0: OS-chosen)
         self._opening: set[str] = set()
         self._decode_log = LogBudget(DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL)
         self.rejected_connections = 0
@@ -128,14 +153,22 @@ class Proxy:
             return self.broker_ports[node_id]
         return c.port_base + node_id                       # "offset", and unmapped nodes
 
+    def sni_address(self, node_id: int) -> HostPort:
+        """SNI routing: the node's name, on the one listener's port (as bound)."""
+        return self.sni_names.name_of(node_id), self._listen_port
+
     def advertise(self, node_id: int, host: str, port: int) -> HostPort:
         """The AddressMapper: learn the upstream address, return the one clients get."""
         c = self.config
         if c.mode == "sidecar":
+            if self.sni_names is not None:
+                return self.sni_address(node_id)
             return c.advertised_host_template.format(node_id=node_id, host=host), self.port_for(node_id)
         if self.upstream_of.get(node_id) != (host, port):
             self.upstream_of[node_id] = (host, port)
             log.info("node %d is at %s:%d", node_id, host, port)
+        if self.sni_names is not None:
+            return self.sni_address(node_id)               # served by the one listener already
         self._ensure_broker_listener(node_id)
         return c.public_host, self.port_for(node_id)      # withheld later if it is not bound
 
@@ -144,7 +177,45 @@ class Proxy:
         c = self.config
         if c.mode == "sidecar":
             return self.advertise(node_id, host, port)
+        if self.sni_names is not None:
+            return self.sni_address(node_id)
         return c.public_host, self.port_for(node_id)
+
+    # ------------------------------------------------------------ SNI routing
+
+    def _on_server_name(self, ssl_object, server_name: str | None, _context) -> int | None:
+        """The handshake's SNI callback: note the route on the connection, or refuse it."""
+        route = self.sni_names.route(server_name)
+        if route is not None:
+            setattr(ssl_object, ROUTE_ATTRIBUTE, route)
+            return None
+        reason = "unknown_name" if server_name else "no_name"
+        notify_hook(self.observers, "sni_refused", reason)
+        unlogged = self._sni_log.admit(server_name)
+        if unlogged is not None:
+            names = self.sni_names
+            said = (f"server name {server_name!r} is neither the bootstrap name {names.bootstrap!r} "
+                    f"nor a broker name like {names.name_of(1)!r}") if server_name else \
+                "no server name (SNI) was sent: clients must connect by name, not address"
+            log.warning("refusing a TLS connection: %s (the same again within %gs is not logged%s; "
+                        "see kproxy_sni_refused_total)", said, SNI_LOG_INTERVAL_S,
+                        f"; {unlogged} earlier refusals were not logged" if unlogged else "")
+        return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+
+    def _routed(self, policy: RelayPolicy, writer) -> RelayPolicy | None:
+        """The policy for one accepted connection: the listener's, or (SNI gateway) the
+        one its server name picked. None if it has no route (never expected)."""
+        if self.sni_names is None or self.config.mode == "sidecar":
+            return policy
+        ssl_object = writer.get_extra_info("ssl_object")
+        route = getattr(ssl_object, ROUTE_ATTRIBUTE, None)
+        if route is None:
+            return None
+        if route == BOOTSTRAP:
+            return policy
+        if route not in self._sni_policies:
+            self._sni_policies[route] = self._policy(f"broker-{route}", route)
+        return self._sni_policies[route]
 
     # ------------------------------------------------------------ rewriting
 
@@ -202,8 +273,14 @@ class Proxy:
         first = next(self._bootstrap_cycle)
         return [ups[(first + i) % len(ups)] for i in range(len(ups))]
 
-    def _handler(self, policy: RelayPolicy):
+    def _handler(self, listener_policy: RelayPolicy):
         async def handle(reader, writer):
+            policy = self._routed(listener_policy, writer)
+            if policy is None:
+                log.error("refusing a connection on %s: its TLS handshake chose no route",
+                          listener_policy.name)
+                writer.close()
+                return
             if self.stopping:                # accepted just before the listener closed
                 notify_hook(self.observers, "connection_refused", policy.name, "shutting down")
                 writer.close()
@@ -316,6 +393,8 @@ class Proxy:
 
     def broker_addresses(self) -> dict[int, HostPort]:
         """node id -> the address clients are handed for it (gateway; bound listeners only)."""
+        if self.sni_names is not None:
+            return {node_id: self.sni_address(node_id) for node_id in list(self.upstream_of)}
         return {node_id: (self.config.public_host, port)
                 for node_id, port in list(self.bound_ports.items())}
 
@@ -365,11 +444,16 @@ class Proxy:
         except OSError as exc:      # nothing is served yet: fail at start, naming the address
             raise OSError(f"cannot listen on {c.listen[0]}:{c.listen[1]}: "
                           f"{exc.strerror or exc}") from None
+        self._listen_port = sock.getsockname()[1]
         await self._serve("bootstrap", policy, sock)
         self._reaper = asyncio.get_running_loop().create_task(self._reap_idle())
         self.started = True
         log.info("kproxy %s listening on %s:%d, upstream %s", c.mode, *self.bootstrap_address,
                  ",".join(f"{h}:{p}" for h, p in c.upstreams))
+        if self.sni_names is not None:
+            log.info("routing by TLS server name: %s%s and %s (node 1), all on port %d",
+                     self.sni_names.bootstrap, "" if c.mode == "gateway" else " (this sidecar's broker)",
+                     self.sni_names.name_of(1), self.bootstrap_address[1])
 
     async def _reap_idle(self) -> None:
         timeout = self.config.idle_timeout

@@ -12,9 +12,15 @@ import ssl
 from ..config import TLSClient, TLSServer
 
 
-def server_context(tls: TLSServer) -> ssl.SSLContext:
-    """For listeners: kproxy's certificate, and client-certificate checks if a CA is given."""
+def server_context(tls: TLSServer, sni_callback=None) -> ssl.SSLContext:
+    """For listeners: kproxy's certificate, and client-certificate checks if a CA is given.
+
+    ``sni_callback(ssl_object, server_name, context)`` (SNI routing) runs during each
+    handshake, before the certificate is sent; returning an ``ssl.ALERT_DESCRIPTION_*``
+    ends the handshake with that alert.
+    """
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.sni_callback = sni_callback
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(tls.cert_file, tls.key_file)
     if tls.client_ca_file:
