@@ -38,10 +38,27 @@ from kproxy.proxy.server import Proxy
 from kproxy.proxy.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
 from tests.proxy.certs import SNI_DOMAIN, make_pki, openssl_available
 from tests.proxy.harness import ProxyThread
+from tests.proxy.test_cluster import (  # noqa: F401 - cluster3, tls_cluster: fixtures
+    ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
+    assert_no_upstream_address, cluster3, create_topic, partition_leader, port_free_on, tls_cluster,
+    topic_name, upstream_addresses, wait_for)
+from tests.proxy.test_faults import kproxy_log  # noqa: F401 - a fixture
+from tests.proxy.test_proxy_e2e import client_bytes  # noqa: F401 - a fixture
 
 TEMPLATE = f"broker-{{node_id}}.{SNI_DOMAIN}"
 BOOTSTRAP_NAME = f"bootstrap.{SNI_DOMAIN}"
 HANDSHAKE_TIMEOUT_S = 10.0
+TOOL_TIMEOUT_S = 180.0            # a JVM start, a group join and a read on 2 shared cores
+CLIENT_TIMEOUT_S = 90.0           # each client's produce-and-consume, as in test_cluster
+SESSION_TIMEOUT_MS = 6000
+PROGRESS = 50                     # messages that must get through in each phase of the move
+PRODUCE_INTERVAL_S = 0.01
+
+
+@pytest.fixture(autouse=True)
+def no_errors_logged(kproxy_log):
+    """Every test here fails if kproxy or asyncio logged an error (see ``kproxy_log``)."""
+    yield
 
 
 # ---------------------------------------------------------------- names
@@ -222,3 +239,221 @@ def test_unknown_or_missing_server_names_are_refused(pki, caplog):
     assert len(lines) == 3, lines                    # the same name again is not logged
     assert f"server name '{unknown}' is neither the bootstrap name '{BOOTSTRAP_NAME}'" in lines[0]
     assert "no server name (SNI) was sent" in lines[2]
+
+
+# ---------------------------------------------------------------- live: how clients resolve
+
+class HostsFile:
+    """The SNI names, resolved to loopback addresses by each client's own means.
+
+    - Java: ``-Djdk.net.hosts.file`` (Java 17 resolves from that file alone);
+    - librdkafka (confluent-kafka) resolves with the C library, which reads /etc/hosts,
+      and confluent-kafka offers no resolver hook: its client runs in a child process
+      with a private mount namespace (``unshare --mount``) where this file is bind-mounted
+      over /etc/hosts; the machine's own file is untouched;
+    - kafka-python: ``socket.getaddrinfo`` patched in this process for these names only.
+    """
+
+    def __init__(self, directory: Path, addresses: dict[str, str]):
+        self.addresses = addresses                     # name -> IP address
+        self.path = directory / "hosts"
+        lines = [f"{ip} {name}" for name, ip in addresses.items()]
+        lines += ["127.0.0.1 localhost", f"127.0.0.1 {socket.gethostname()}"]   # Java asks for both
+        self.path.write_text("\n".join(lines) + "\n")
+
+    def java_args(self) -> tuple[str, ...]:
+        from kproxy.embedded.kafka import TOOL_JVM_ARGS
+        return (*TOOL_JVM_ARGS, f"-Djdk.net.hosts.file={self.path}")
+
+    def run_with_hosts(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """Run ``argv`` where /etc/hosts is this file (a mount namespace of its own)."""
+        script = 'mount --bind "$0" /etc/hosts && exec "$@"'
+        return subprocess.run(["unshare", "--mount", "sh", "-c", script, str(self.path), *argv],
+                              capture_output=True, text=True, timeout=timeout)
+
+    @contextmanager
+    def in_this_process(self) -> Iterator[None]:
+        original = socket.getaddrinfo
+
+        def getaddrinfo(host, *args, **kwargs):
+            name = host.decode() if isinstance(host, bytes) else host
+            return original(self.addresses.get(str(name).lower().rstrip("."), host), *args, **kwargs)
+
+        socket.getaddrinfo = getaddrinfo
+        try:
+            yield
+        finally:
+            socket.getaddrinfo = original
+
+
+def mount_namespaces_available() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+
+
+# The confluent-kafka client, run by HostsFile.run_with_hosts: produce, consume in a group,
+# report what it saw as JSON on its last line.
+CONFLUENT_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    from confluent_kafka import Consumer, Producer
+    args = json.loads(sys.argv[1])
+    common = {"bootstrap.servers": args["bootstrap"], "security.protocol": "SSL",
+              "ssl.ca.location": args["ca"], "ssl.endpoint.identification.algorithm": "https"}
+    failures = []
+    producer = Producer({**common, "acks": "all"})
+    for i in range(args["count"]):
+        producer.produce(args["topic"], value=f"ck-{i}".encode(),
+                         on_delivery=lambda err, msg: err and failures.append(str(err)))
+    left = producer.flush(args["timeout"])
+    brokers = sorted([b.host, b.port] for b in producer.list_topics(timeout=args["timeout"]).brokers.values())
+    consumer = Consumer({**common, "group.id": "ck-" + args["topic"], "auto.offset.reset": "earliest",
+                         "session.timeout.ms": 6000})
+    consumer.subscribe([args["topic"]])
+    got, deadline = set(), time.monotonic() + args["timeout"]
+    while len(got) < args["count"] and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None and msg.value().startswith(b"ck-"):
+            got.add(msg.value().decode())
+    consumer.close()
+    print(json.dumps({"unflushed": left, "failures": failures, "consumed": sorted(got),
+                      "brokers": brokers}))
+""")
+
+
+# ---------------------------------------------------------------- live: one port, three brokers
+
+def name_of(node_id: int) -> str:
+    return TEMPLATE.format(node_id=node_id)
+
+
+def sni_proxy(cluster, pki, observers=(), tls_client=None, **tls_server) -> ProxyThread:
+    return ProxyThread(observers=observers, upstream=cluster.bootstrap_servers, routing="sni",
+                       sni_host_template=TEMPLATE, sni_bootstrap_host=BOOTSTRAP_NAME,
+                       shutdown_timeout=SHUTDOWN_TIMEOUT_S, tls_client=tls_client,
+                       tls_server=sni_tls_server(pki, **tls_server))
+
+
+def cluster_hosts(directory: Path, node_ids, ip: str = "127.0.0.1") -> HostsFile:
+    return HostsFile(directory, {BOOTSTRAP_NAME: ip, f"kafka.{SNI_DOMAIN}": ip,
+                                 **{name_of(n): ip for n in node_ids}})
+
+
+def kp_ssl(pki, identity=None) -> dict:
+    settings = {"security_protocol": "SSL", "ssl_cafile": str(pki.ca), "ssl_check_hostname": True}
+    if identity is not None:
+        settings.update(ssl_certfile=str(identity.cert), ssl_keyfile=str(identity.key))
+    return settings
+
+
+def kp_round_trip(bootstrap: str, topic: str, prefix: str, count: int, **ssl_settings) -> set:
+    """kafka-python: produce ``count`` with acks=all, consume them in a group; the
+    brokers its metadata lists."""
+    from kafka import KafkaConsumer, KafkaProducer
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, **ssl_settings)
+    try:
+        futures = [producer.send(topic, f"{prefix}-{i}".encode()) for i in range(count)]
+        producer.flush(CLIENT_TIMEOUT_S)
+        for future in futures:
+            future.get(CLIENT_TIMEOUT_S)
+        brokers = {(b.host, b.port) for b in producer._metadata.brokers()}
+    finally:
+        producer.close(CLIENT_TIMEOUT_S)
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"kp-{topic}-{prefix}",
+                             auto_offset_reset="earliest", session_timeout_ms=SESSION_TIMEOUT_MS,
+                             **ssl_settings)
+    wanted = {f"{prefix}-{i}".encode() for i in range(count)}
+    got: set[bytes] = set()
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    try:
+        while not wanted <= got and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                got.update(r.value for r in records)
+    finally:
+        consumer.close()
+    assert wanted <= got, f"kafka-python consumed {len(wanted & got)} of {count}"
+    return brokers
+
+
+def led(admin, topic: str, partitions: int) -> bool:
+    described = admin.list_topics(topic, timeout=ADMIN_TIMEOUT_S).topics.get(topic)
+    return (described is not None and described.error is None and len(described.partitions) == partitions
+            and all(p.leader >= 0 for p in described.partitions.values()))
+
+
+def produce_clients(trace) -> set[str]:
+    """client ids whose Produce requests reached a node by its name (listener broker-<id>)."""
+    from kproxy.protocol.connection import RequestReceived
+    return {e.request.client_id for _, listener, e in trace
+            if listener.startswith("broker-") and isinstance(e, RequestReceived) and e.api_key == 0
+            and e.request is not None}
+
+
+@pytest.mark.broker
+@pytest.mark.timeout(600)
+class TestOnePortThreeBrokers:
+
+    def test_three_clients_produce_and_consume_through_one_port(self, cluster3, pki, client_bytes,
+                                                                 tmp_path):
+        from confluent_kafka.admin import AdminClient
+        from kproxy.embedded import run_tool
+
+        ids = [n.node_id for n in cluster3.nodes]
+        hosts = cluster_hosts(tmp_path, ids)
+        # Test control (topic, leaders) goes straight to the cluster; the clients under test
+        # get nothing but the bootstrap name and kproxy's one port.
+        admin = AdminClient({"bootstrap.servers": cluster3.bootstrap_servers})
+        topic = topic_name("sni")
+        create_topic(admin, topic, partitions=6, replication=3)
+        wait_for(lambda: led(admin, topic, 6), ADMIN_TIMEOUT_S, "leaders for every partition")
+        trace, observe = api_trace()
+        with sni_proxy(cluster3, pki, [observe]) as proxy:
+            port = proxy.runtime.proxy.bootstrap_address[1]
+            bootstrap = f"{BOOTSTRAP_NAME}:{port}"
+            advertised = {(name_of(n), port) for n in ids}
+
+            with hosts.in_this_process():
+                seen = kp_round_trip(bootstrap, topic, "kp", 60, **kp_ssl(pki))
+            assert seen == advertised
+
+            if not mount_namespaces_available():
+                pytest.fail("confluent-kafka's part needs `unshare --mount` (a private /etc/hosts)",
+                            pytrace=False)
+            args = {"bootstrap": bootstrap, "topic": topic, "count": 60, "ca": str(pki.ca),
+                    "timeout": CLIENT_TIMEOUT_S}
+            ran = hosts.run_with_hosts([sys.executable, "-c", CONFLUENT_SCRIPT, json.dumps(args)],
+                                       timeout=CLIENT_TIMEOUT_S * 3)
+            assert ran.returncode == 0, ran.stderr[-3000:]
+            report = json.loads(ran.stdout.strip().splitlines()[-1])
+            assert report["unflushed"] == 0 and not report["failures"], report
+            assert set(report["consumed"]) == {f"ck-{i}" for i in range(60)}
+            assert {tuple(b) for b in report["brokers"]} == advertised
+
+            properties = tmp_path / "java-client.properties"
+            properties.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\n"
+                                  f"ssl.truststore.location={pki.ca}\n"
+                                  f"session.timeout.ms={SESSION_TIMEOUT_MS}\n")
+            lines = [f"java-{i}" for i in range(100)]
+            run_tool(cluster3, cluster3.tools.console_producer, "--bootstrap-server", bootstrap,
+                     "--topic", topic, "--command-config", str(properties), "--command-property",
+                     "acks=all", input="\n".join(lines) + "\n", jvm_args=hosts.java_args(),
+                     timeout=TOOL_TIMEOUT_S)
+            consumed = run_tool(cluster3, cluster3.tools.console_consumer, "--bootstrap-server",
+                                bootstrap, "--topic", topic, "--group", f"java-{topic}",
+                                "--from-beginning", "--max-messages", str(60 + 60 + 100),
+                                "--timeout-ms", str(int(CLIENT_TIMEOUT_S * 1000)),
+                                "--command-config", str(properties), jvm_args=hosts.java_args(),
+                                timeout=TOOL_TIMEOUT_S).stdout.splitlines()
+            assert set(lines) <= set(consumed) and len(consumed) == 220, consumed[-5:]
+
+            # Each client reached every node by its name, on the one listener.
+            assert {"bootstrap", *(f"broker-{n}" for n in ids)} <= {l for _, l, _ in trace}
+            producers = produce_clients(trace)
+            assert any(c.startswith("kafka-python") for c in producers), producers
+            assert "rdkafka" in producers and "console-producer" in producers, producers
+            assert set(proxy.runtime.proxy.listeners) == {"bootstrap"}
+
+            # A name kproxy does not serve (the wildcard certificate covers it) is refused.
+            assert handshake(("127.0.0.1", port), pki, f"kafka.{SNI_DOMAIN}") != "ok"
+            assert metric(proxy.admin_url, "kproxy_sni_refused_total")['{reason="unknown_name"}'] == 1
+        assert_no_upstream_address(client_bytes, upstream_addresses(cluster3), advertised)
