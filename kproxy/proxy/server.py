@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..config import Config
-from ..protocol import DecodeError, encode_response
+from ..protocol import DecodeError, Request, decode_response, encode_request, encode_response, new_body
 from ..protocol.connection import RequestReceived, ResponseReceived
 from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay
 from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
@@ -82,6 +82,14 @@ OS_CHOSEN_PORT = 0                # broker_port_base 0: the OS picks each broker
 SNI_LOG_INTERVAL_S = 60.0
 SNI_LOG_NAMES_PER_INTERVAL = 5
 ROUTE_ATTRIBUTE = "kproxy_route"  # set on each handshake's SSLObject: BOOTSTRAP or a node id
+# A client may name a node this kproxy has not yet seen in any response (another replica
+# behind the same load balancer answered its Metadata, or this one restarted): kproxy
+# then asks the cluster itself, with a Metadata request for no topics at a version every
+# Kafka from 2.4 to 4.x answers (4.0 removed only v0-3), at most once per interval
+# however many clients wait.
+DISCOVERY_METADATA_VERSION = 9
+DISCOVERY_MIN_INTERVAL_S = 1.0
+DISCOVERY_CLIENT_ID = "kproxy-sni-discovery"
 
 
 @dataclass(eq=False)
@@ -119,6 +127,9 @@ class Proxy:
         self.sni_names = config.sni_names                  # None unless routing = "sni"
         self._sni_log = LogBudget(SNI_LOG_INTERVAL_S, SNI_LOG_NAMES_PER_INTERVAL)
         self._sni_policies: dict[object, RelayPolicy] = {}  # BOOTSTRAP / node id -> policy
+        self._discovery_lock = asyncio.Lock()
+        self._discovered_at = float("-inf")
+        self._discovery_log = LogBudget(SNI_LOG_INTERVAL_S, 1)
         self._server_ssl = server_context(
             config.tls_server, self._on_server_name if self.sni_names else None) \
             if config.tls_server else None
@@ -217,6 +228,50 @@ class Proxy:
             self._sni_policies[route] = self._policy(f"broker-{route}", route)
         return self._sni_policies[route]
 
+    async def _learn_brokers(self) -> None:
+        """Learn every broker's address from a Metadata request of kproxy's own."""
+        async with self._discovery_lock:
+            if time.monotonic() - self._discovered_at < DISCOVERY_MIN_INTERVAL_S:
+                return
+            self._discovered_at = time.monotonic()
+            errors = []
+            for host, port in self._bootstrap_candidates():
+                try:
+                    brokers = await asyncio.wait_for(self._metadata_brokers(host, port),
+                                                     self.config.connect_timeout)
+                except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError,
+                        DecodeError, ValueError) as exc:
+                    errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")
+                    continue
+                for node_id, broker_host, broker_port in brokers:
+                    self.advertise(node_id, broker_host, broker_port)
+                return
+            unlogged = self._discovery_log.admit("discovery")
+            if unlogged is not None:
+                log.warning("cannot ask the cluster where its brokers are (%s); a client naming a "
+                            "node kproxy has not seen in a response is refused until it has (not "
+                            "logged again within %gs%s)", "; ".join(errors), SNI_LOG_INTERVAL_S,
+                            f"; {unlogged} earlier failures were not logged" if unlogged else "")
+
+    async def _metadata_brokers(self, host: str, port: int) -> list[tuple[int, str, int]]:
+        c, version = self.config, DISCOVERY_METADATA_VERSION
+        kwargs = {}
+        if self._client_ssl is not None:
+            kwargs = {"ssl": self._client_ssl,
+                      "server_hostname": host if c.tls_client.check_hostname else None}
+        reader, writer = await asyncio.open_connection(host, port, **kwargs)
+        try:
+            frame = encode_request(Request(METADATA_KEY, version, 1, DISCOVERY_CLIENT_ID,
+                                           new_body("request", METADATA_KEY, version, topics=[])))
+            writer.write(len(frame).to_bytes(4, "big") + frame)
+            size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
+            if not 0 < size <= c.max_frame_size:
+                raise ValueError(f"a Metadata response of {size} bytes")
+            response = decode_response(await reader.readexactly(size), METADATA_KEY, version)
+            return node_addresses(METADATA_KEY, version, response.body)
+        finally:
+            writer.close()
+
     # ------------------------------------------------------------ rewriting
 
     def hold(self, api_key: int, api_version: int) -> bool:
@@ -296,6 +351,13 @@ class Proxy:
             relay = Relay(task=asyncio.current_task())
             self.relays.add(relay)
             try:
+                if policy.node_id is not None and self.sni_names is not None \
+                        and policy.node_id not in self.upstream_of:
+                    try:
+                        await self._learn_brokers()
+                    except asyncio.CancelledError:      # shutdown: end normally, not cancelled
+                        writer.close()
+                        return
                 await run_relay(relay, policy, reader, writer)
             finally:
                 self.relays.discard(relay)
