@@ -38,6 +38,7 @@ from kproxy.protocol import Struct
 from kproxy.proxy.server import Proxy
 from kproxy.proxy.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
 from tests.proxy.certs import SNI_DOMAIN, make_pki, openssl_available
+from tests.proxy import test_rewrite
 from tests.proxy.harness import ProxyThread
 from tests.proxy.test_cluster import (  # noqa: F401 - cluster3, tls_cluster: fixtures
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
@@ -49,6 +50,7 @@ from tests.proxy.test_proxy_e2e import client_bytes  # noqa: F401 - a fixture
 TEMPLATE = f"broker-{{node_id}}.{SNI_DOMAIN}"
 BOOTSTRAP_NAME = f"bootstrap.{SNI_DOMAIN}"
 HANDSHAKE_TIMEOUT_S = 10.0
+REWRITE_CASES = test_rewrite.CASES         # every version of every address-bearing response
 TOOL_TIMEOUT_S = 180.0            # a JVM start, a group join and a read on 2 shared cores
 CLIENT_TIMEOUT_S = 90.0           # each client's produce-and-consume, as in test_cluster
 SESSION_TIMEOUT_MS = 6000
@@ -195,6 +197,36 @@ def test_a_new_node_gets_its_name_with_no_new_listener(pki):
     assert proxy.advertise_controller(2, "10.0.0.2", 9093) == (f"broker-2.{SNI_DOMAIN}", 9443)
     assert proxy.upstream_of == {1: ("10.0.0.1", 9092), 2: ("10.0.0.2", 9092), 7: ("10.0.0.7", 9092)}
     assert proxy.listeners == {} and proxy.unbound == {}
+
+
+@pytest.mark.parametrize("api_key,version", REWRITE_CASES)
+def test_every_address_bearing_response_names_each_node_by_its_own_name(pki, api_key, version):
+    """Every version of every response that carries addresses (Metadata, FindCoordinator,
+    DescribeCluster, KIP-951 NodeEndpoints, ShareFetch, the KRaft RPCs...), through the
+    SNI mapper the proxy uses: each node id gets the name that routes back to that id."""
+    from kproxy.protocol import Response, decode_response, encode_response
+    from kproxy.proxy.rewrite import node_addresses, rewrite_addresses
+    from kproxy.proxy.server import CONTROLLER_ADDRESS_KEYS
+    from tests.protocol.samples import sample_body
+
+    proxy = Proxy(config_module.build({
+        "upstream": "kafka:9092", "routing": "sni", "listen": "127.0.0.1:9443",
+        "sni_host_template": TEMPLATE, "sni_bootstrap_host": BOOTSTRAP_NAME,
+        "tls_server": sni_tls_server(pki)}))
+    mapper = proxy.advertise_controller if api_key in CONTROLLER_ADDRESS_KEYS else proxy.advertise
+    for seed in range(40):
+        body = sample_body("response", api_key, version, seed=seed, width=2)
+        decoded = decode_response(encode_response(Response(9, body), api_key, version), api_key, version)
+        before = node_addresses(api_key, version, decoded.body)
+        rewrite_addresses(api_key, version, decoded, mapper)
+        out = encode_response(decoded, api_key, version)
+        after = node_addresses(api_key, version, decode_response(out, api_key, version).body)
+        assert [n for n, _, _ in after] == [n for n, _, _ in before]
+        assert all((host, port) == (name_of(n), 9443) for n, host, port in after)
+        assert all(proxy.sni_names.route(host) == n for n, host, _ in after if n >= 0)
+        if before:
+            return
+    pytest.fail("no sample carried an address")
 
 
 def handshake(address: tuple[str, int], pki, server_name: str | None) -> str:
