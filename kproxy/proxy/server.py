@@ -23,10 +23,11 @@ port, and the server name each client sends in its handshake picks the node
 name (or none) ends the handshake before kproxy's certificate is sent, with a
 log line within a budget and ``kproxy_sni_refused_total``. (OpenSSL queues an
 ``unrecognized_name`` alert, but asyncio closes without flushing it: clients
-see the connection closed during the handshake.) No broker listener is ever opened, so
-nothing is withheld; a node that joins the cluster is reachable at its name
-the moment a response names it. A sidecar checks the name and always reaches
-its own broker (DNS or the load balancer sends each name to its sidecar).
+see the connection closed during the handshake.) No broker listener is ever
+opened, so nothing is withheld; a node that joins the cluster is reachable at
+its name the moment a response names it, and a name kproxy's certificate does
+not cover is logged once. A sidecar checks the name and always reaches its
+own broker (DNS or the load balancer sends each name to its sidecar).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ from ..protocol.connection import RequestReceived, ResponseReceived
 from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay
 from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
                       withhold_nodes)
-from .sni import BOOTSTRAP
-from .tls import client_context, server_context
+from .sni import BOOTSTRAP, certificate_covers
+from .tls import certificate_names, client_context, server_context
 
 log = logging.getLogger("kproxy.server")
 
@@ -130,6 +131,9 @@ class Proxy:
         self._discovery_lock = asyncio.Lock()
         self._discovered_at = float("-inf")
         self._discovery_log = LogBudget(SNI_LOG_INTERVAL_S, 1)
+        self._certificate_names = certificate_names(config.tls_server.cert_file) \
+            if self.sni_names is not None else None
+        self._names_checked: set[int] = set()       # node ids whose name was checked against it
         self._server_ssl = server_context(
             config.tls_server, self._on_server_name if self.sni_names else None) \
             if config.tls_server else None
@@ -166,7 +170,21 @@ class Proxy:
 
     def sni_address(self, node_id: int) -> HostPort:
         """SNI routing: the node's name, on the one listener's port (as bound)."""
-        return self.sni_names.name_of(node_id), self._listen_port
+        name = self.sni_names.name_of(node_id)
+        if node_id not in self._names_checked:
+            self._names_checked.add(node_id)
+            self._check_certificate_covers(name)
+        return name, self._listen_port
+
+    def _check_certificate_covers(self, name: str) -> None:
+        """Warn once per name kproxy advertises that its certificate is not valid for."""
+        known = self._certificate_names
+        if known is None or certificate_covers(known, name):
+            return
+        log.warning("kproxy's certificate (%s) is not valid for %s, a name it advertises (the "
+                    "certificate names %s): clients that verify host names will refuse it; use "
+                    "a wildcard *.%s or add the name to its SANs", self.config.tls_server.cert_file,
+                    name, ", ".join(known) or "nothing", name.split(".", 1)[1])
 
     def advertise(self, node_id: int, host: str, port: int) -> HostPort:
         """The AddressMapper: learn the upstream address, return the one clients get."""
@@ -513,6 +531,7 @@ class Proxy:
         log.info("kproxy %s listening on %s:%d, upstream %s", c.mode, *self.bootstrap_address,
                  ",".join(f"{h}:{p}" for h, p in c.upstreams))
         if self.sni_names is not None:
+            self._check_certificate_covers(self.sni_names.bootstrap)
             log.info("routing by TLS server name: %s%s and %s (node 1), all on port %d",
                      self.sni_names.bootstrap, "" if c.mode == "gateway" else " (this sidecar's broker)",
                      self.sni_names.name_of(1), self.bootstrap_address[1])

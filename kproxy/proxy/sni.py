@@ -100,3 +100,15 @@ class NodeNames:
         if name == self.bootstrap:
             return BOOTSTRAP
         return self.node_of(name)
+
+
+def certificate_covers(certificate_names: list[str], name: str) -> bool:
+    """Whether a certificate for these DNS names is valid for ``name``, as clients check
+    it (RFC 6125): exact, or a ``*`` standing for the whole first label."""
+    name = name.lower()
+    for pattern in (n.lower().rstrip(".") for n in certificate_names):
+        if pattern == name:
+            return True
+        if pattern.startswith("*.") and "." in name and name.split(".", 1)[1] == pattern[2:]:
+            return True
+    return False

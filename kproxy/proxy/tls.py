@@ -37,3 +37,16 @@ def client_context(tls: TLSClient) -> ssl.SSLContext:
     if tls.cert_file:
         ctx.load_cert_chain(tls.cert_file, tls.key_file)
     return ctx
+
+
+def certificate_names(cert_file: str) -> list[str] | None:
+    """The DNS names a PEM certificate is for (its SANs, else its common name); None if
+    they cannot be read (the check that uses them is then skipped, never fatal)."""
+    try:       # the ssl module reads certificates only through this helper (no public API)
+        decoded = ssl._ssl._test_decode_cert(cert_file)
+    except (AttributeError, OSError, ssl.SSLError, ValueError):
+        return None
+    sans = [value for kind, value in decoded.get("subjectAltName", ()) if kind == "DNS"]
+    if sans:
+        return sans
+    return [value for rdn in decoded.get("subject", ()) for key, value in rdn if key == "commonName"]

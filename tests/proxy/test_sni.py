@@ -28,6 +28,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 import contextlib
+import dataclasses
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -703,3 +704,37 @@ class TestSidecars:
                     f"sidecar {node_id} saw no Produce"
             assert handshake((ip[nodes[0].node_id], port), pki, f"kafka.{SNI_DOMAIN}") != "ok"
         assert_no_upstream_address(client_bytes, upstream_addresses(cluster3), advertised)
+
+
+@pytest.mark.parametrize("certificate, name, covered", [
+    (["*.kafka.example.com"], "broker-1.kafka.example.com", True),
+    (["*.kafka.example.com"], "BOOTSTRAP.kafka.example.com", True),
+    (["*.kafka.example.com"], "a.b.kafka.example.com", False),       # one label only
+    (["*.kafka.example.com"], "kafka.example.com", False),
+    (["broker-1.kafka.example.com", "bootstrap.kafka.example.com"], "broker-1.kafka.example.com", True),
+    (["broker-1.kafka.example.com"], "broker-2.kafka.example.com", False),
+    ([], "broker-1.kafka.example.com", False),
+])
+def test_certificate_coverage_as_clients_check_it(certificate, name, covered):
+    from kproxy.proxy.sni import certificate_covers
+    assert certificate_covers(certificate, name) is covered
+
+
+def test_a_certificate_that_misses_an_advertised_name_is_logged_once(pki, caplog):
+    """kproxy's server certificate for 127.0.0.1/localhost cannot serve SNI names: said
+    at start for the bootstrap name, and once per node name when first advertised."""
+    caplog.set_level(logging.INFO, logger="kproxy")
+    config = config_module.build({"upstream": "kafka:9092", "routing": "sni", "listen": "127.0.0.1:9443",
+                                  "sni_host_template": TEMPLATE, "sni_bootstrap_host": BOOTSTRAP_NAME,
+                                  "tls_server": {"cert_file": str(pki.server.cert),
+                                                 "key_file": str(pki.server.key)}})
+    proxy = Proxy(config)
+    for _ in range(3):
+        proxy.advertise(2, "10.0.0.2", 9092)
+    warnings = [r.getMessage() for r in caplog.records if "is not valid for" in r.getMessage()]
+    assert len(warnings) == 1 and f"not valid for broker-2.{SNI_DOMAIN}" in warnings[0]
+    assert "certificate names localhost" in warnings[0] and f"wildcard *.{SNI_DOMAIN}" in warnings[0]
+    caplog.clear()
+    good = Proxy(dataclasses.replace(config, tls_server=config_module.TLSServer(**sni_tls_server(pki))))
+    good.advertise(2, "10.0.0.2", 9092)
+    assert not [r for r in caplog.records if "is not valid for" in r.getMessage()]
