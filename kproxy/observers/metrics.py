@@ -89,6 +89,10 @@ def bind_failure_label(error: OSError) -> str:
     return BIND_FAILURE_REASONS.get(error.errno, "other")
 
 
+# Why SNI routing refused a handshake: a name it does not serve, or no name at all.
+SNI_REFUSAL_REASONS = ("unknown_name", "no_name")
+
+
 def close_reason_label(reason: str) -> str:
     """Fold a free-text close reason into the fixed set (bounded label values)."""
     text = reason.lower()
@@ -222,6 +226,12 @@ class Metrics:
             "kproxy_listener_bind_failures_total",
             "Failed attempts to bind a broker listener (its node is withheld from clients meanwhile)",
             ["listener", "reason"], registry=r)
+        self.sni_refusals = Counter(
+            "kproxy_sni_refused_total",
+            "TLS handshakes refused by SNI routing: a server name that is no advertised name, or none",
+            ["reason"], registry=r)
+        for reason in SNI_REFUSAL_REASONS:
+            self.sni_refusals.labels(reason)
         unbound = Gauge("kproxy_broker_listeners_unbound",
                         "Broker listeners kproxy cannot bind now (their nodes are withheld from clients)",
                         registry=r)
@@ -569,6 +579,9 @@ class Metrics:
 
     def listener_bind_failed(self, listener: str, error: OSError) -> None:
         self.listener_bind_failures.labels(listener, bind_failure_label(error)).inc()
+
+    def sni_refused(self, reason: str) -> None:
+        self.sni_refusals.labels(reason).inc()
 
 
 def _topic_name(topic) -> str:

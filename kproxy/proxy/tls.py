@@ -12,9 +12,15 @@ import ssl
 from ..config import TLSClient, TLSServer
 
 
-def server_context(tls: TLSServer) -> ssl.SSLContext:
-    """For listeners: kproxy's certificate, and client-certificate checks if a CA is given."""
+def server_context(tls: TLSServer, sni_callback=None) -> ssl.SSLContext:
+    """For listeners: kproxy's certificate, and client-certificate checks if a CA is given.
+
+    ``sni_callback(ssl_object, server_name, context)`` (SNI routing) runs during each
+    handshake, before the certificate is sent; returning an ``ssl.ALERT_DESCRIPTION_*``
+    ends the handshake with that alert.
+    """
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.sni_callback = sni_callback
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(tls.cert_file, tls.key_file)
     if tls.client_ca_file:
@@ -31,3 +37,16 @@ def client_context(tls: TLSClient) -> ssl.SSLContext:
     if tls.cert_file:
         ctx.load_cert_chain(tls.cert_file, tls.key_file)
     return ctx
+
+
+def certificate_names(cert_file: str) -> list[str] | None:
+    """The DNS names a PEM certificate is for (its SANs, else its common name); None if
+    they cannot be read (the check that uses them is then skipped, never fatal)."""
+    try:       # the ssl module reads certificates only through this helper (no public API)
+        decoded = ssl._ssl._test_decode_cert(cert_file)
+    except (AttributeError, OSError, ssl.SSLError, ValueError):
+        return None
+    sans = [value for kind, value in decoded.get("subjectAltName", ()) if kind == "DNS"]
+    if sans:
+        return sans
+    return [value for rdn in decoded.get("subject", ()) for key, value in rdn if key == "commonName"]
