@@ -232,6 +232,29 @@ def test_every_address_bearing_response_names_each_node_by_its_own_name(pki, api
     pytest.fail("no sample carried an address")
 
 
+def test_a_sidecar_that_knows_its_node_refuses_other_nodes_names(pki):
+    """Until Metadata lists a node at the sidecar's upstream address any broker name is
+    served (by the local broker); from then on only its own and the bootstrap name."""
+    proxy = Proxy(config_module.build({
+        "upstream": "10.0.0.1:9092", "mode": "sidecar", "routing": "sni", "listen": "10.0.0.1:9443",
+        "sni_host_template": TEMPLATE, "sni_bootstrap_host": BOOTSTRAP_NAME,
+        "tls_server": sni_tls_server(pki)}))
+
+    class Handshake:          # what the callback gets: the connection's SSLObject
+        pass
+    assert proxy._on_server_name(Handshake(), name_of(2), None) is None
+    proxy.advertise(2, "10.0.0.2", 9092)
+    assert proxy.local_node is None                     # node 2 is not this sidecar's broker
+    proxy.advertise(1, "10.0.0.1", 9092)
+    assert proxy.local_node == 1
+    refused = Handshake()
+    assert proxy._on_server_name(refused, name_of(2), None) == ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+    assert not hasattr(refused, "kproxy_route")
+    for name, route in ((name_of(1), 1), (BOOTSTRAP_NAME, BOOTSTRAP)):
+        served = Handshake()
+        assert proxy._on_server_name(served, name, None) is None and served.kproxy_route == route
+
+
 def handshake(address: tuple[str, int], pki, server_name: str | None) -> str:
     """"ok" once a handshake sending ``server_name`` as SNI completes, else its error."""
     context = ssl.create_default_context(cafile=str(pki.ca))
@@ -270,7 +293,8 @@ def test_unknown_or_missing_server_names_are_refused(pki, caplog):
         assert handshake(address, pki, f"broker-1.{SNI_DOMAIN}") == "ok"
         assert handshake(address, pki, BOOTSTRAP_NAME.upper()) == "ok"
         refused = metric(proxy.admin_url, "kproxy_sni_refused_total")
-        assert refused == {'{reason="unknown_name"}': 4.0, '{reason="no_name"}': 1.0}
+        assert refused == {'{reason="unknown_name"}': 4.0, '{reason="no_name"}': 1.0,
+                           '{reason="other_node"}': 0.0}
     lines = [r.getMessage() for r in caplog.records if "refusing a TLS connection" in r.getMessage()]
     assert len(lines) == 3, lines                    # the same name again is not logged
     assert f"server name '{unknown}' is neither the bootstrap name '{BOOTSTRAP_NAME}'" in lines[0]
@@ -766,10 +790,11 @@ class TestSidecars:
         leaders = {p.leader for p in admin.list_topics(topic).topics[topic].partitions.values()}
         assert leaders == set(ip), "partitions should be led by every broker"
         traces = {}
+        sidecars = {}
         with contextlib.ExitStack() as stack:
             for node in nodes:
                 traces[node.node_id], observe = api_trace()
-                stack.enter_context(ProxyThread(
+                sidecars[node.node_id] = stack.enter_context(ProxyThread(
                     observers=[observe], mode="sidecar", upstream=f"{node.host}:{node.port}",
                     listen=f"{ip[node.node_id]}:{port}", routing="sni", sni_host_template=TEMPLATE,
                     sni_bootstrap_host=BOOTSTRAP_NAME, tls_server=sni_tls_server(pki),
@@ -781,7 +806,16 @@ class TestSidecars:
             for node_id, trace in traces.items():        # each sidecar served its own partitions
                 assert any(isinstance(e, RequestReceived) and e.api_key == 0 for _, _, e in trace), \
                     f"sidecar {node_id} saw no Produce"
-            assert handshake((ip[nodes[0].node_id], port), pki, f"kafka.{SNI_DOMAIN}") != "ok"
+            first = nodes[0].node_id
+            assert handshake((ip[first], port), pki, f"kafka.{SNI_DOMAIN}") != "ok"
+            # The bootstrap sidecar has seen Metadata list its broker at its upstream address:
+            # another node's name sent to it (DNS pointing at the wrong pod) is refused, not
+            # served by the wrong broker.
+            other = nodes[1].node_id
+            assert handshake((ip[first], port), pki, name_of(other)) != "ok"
+            assert handshake((ip[first], port), pki, name_of(first)) == "ok"        # control
+            refused = metric(sidecars[first].admin_url, "kproxy_sni_refused_total")
+            assert refused['{reason="other_node"}'] == 1 and refused['{reason="unknown_name"}'] == 1
         assert_no_upstream_address(client_bytes, upstream_addresses(cluster3), advertised)
 
 
