@@ -89,8 +89,9 @@ def bind_failure_label(error: OSError) -> str:
     return BIND_FAILURE_REASONS.get(error.errno, "other")
 
 
-# Why SNI routing refused a handshake: a name it does not serve, or no name at all.
-SNI_REFUSAL_REASONS = ("unknown_name", "no_name")
+# Why SNI routing refused a handshake: a name it does not serve, no name at all, or (a
+# sidecar) another node's name.
+SNI_REFUSAL_REASONS = ("unknown_name", "no_name", "other_node")
 
 
 def close_reason_label(reason: str) -> str:
@@ -228,7 +229,8 @@ class Metrics:
             ["listener", "reason"], registry=r)
         self.sni_refusals = Counter(
             "kproxy_sni_refused_total",
-            "TLS handshakes refused by SNI routing: a server name that is no advertised name, or none",
+            "TLS handshakes refused by SNI routing: a server name that is no advertised name, "
+            "none, or (a sidecar) another node's",
             ["reason"], registry=r)
         for reason in SNI_REFUSAL_REASONS:
             self.sni_refusals.labels(reason)

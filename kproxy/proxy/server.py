@@ -27,7 +27,10 @@ see the connection closed during the handshake.) No broker listener is ever
 opened, so nothing is withheld; a node that joins the cluster is reachable at
 its name the moment a response names it, and a name kproxy's certificate does
 not cover is logged once. A sidecar checks the name and always reaches its
-own broker (DNS or the load balancer sends each name to its sidecar).
+own broker (DNS or the load balancer sends each name to its sidecar); once it
+knows its broker's node id (Metadata lists the node at the sidecar's upstream
+address) it also refuses other nodes' names, which would otherwise reach the
+wrong broker.
 """
 
 from __future__ import annotations
@@ -135,6 +138,7 @@ class Proxy:
         self._certificate_names = certificate_names(config.tls_server.cert_file) \
             if self.sni_names is not None else None
         self._names_checked: set[int] = set()       # node ids whose name was checked against it
+        self.local_node: int | None = None          # sidecar: its broker's node id, once known
         self._server_ssl = server_context(
             config.tls_server, self._on_server_name if self.sni_names else None) \
             if config.tls_server else None
@@ -192,6 +196,11 @@ class Proxy:
         c = self.config
         if c.mode == "sidecar":
             if self.sni_names is not None:
+                if self.local_node is None and (host.lower(), port) == (c.upstreams[0][0].lower(),
+                                                                        c.upstreams[0][1]):
+                    self.local_node = node_id
+                    log.info("this sidecar's broker is node %d (Metadata lists it at %s:%d); other "
+                             "nodes' names are refused here", node_id, host, port)
                 return self.sni_address(node_id)
             return c.advertised_host_template.format(node_id=node_id, host=host), self.port_for(node_id)
         if self.upstream_of.get(node_id) != (host, port):
@@ -216,17 +225,25 @@ class Proxy:
     def _on_server_name(self, ssl_object, server_name: str | None, _context) -> int | None:
         """The handshake's SNI callback: note the route on the connection, or refuse it."""
         route = self.sni_names.route(server_name)
-        if route is not None:
+        elsewhere = isinstance(route, int) and self.local_node not in (None, route)
+        if route is not None and not elsewhere:
             setattr(ssl_object, ROUTE_ATTRIBUTE, route)
             return None
-        reason = "unknown_name" if server_name else "no_name"
+        names = self.sni_names
+        if elsewhere:
+            reason = "other_node"
+            said = (f"server name {server_name!r} is node {route}'s, but this sidecar's broker is "
+                    f"node {self.local_node}: DNS or the load balancer sends it to the wrong sidecar")
+        elif server_name:
+            reason = "unknown_name"
+            said = (f"server name {server_name!r} is neither the bootstrap name {names.bootstrap!r} "
+                    f"nor a broker name like {names.name_of(1)!r}")
+        else:
+            reason = "no_name"
+            said = "no server name (SNI) was sent: clients must connect by name, not address"
         notify_hook(self.observers, "sni_refused", reason)
         unlogged = self._sni_log.admit(server_name)
         if unlogged is not None:
-            names = self.sni_names
-            said = (f"server name {server_name!r} is neither the bootstrap name {names.bootstrap!r} "
-                    f"nor a broker name like {names.name_of(1)!r}") if server_name else \
-                "no server name (SNI) was sent: clients must connect by name, not address"
             log.warning("refusing a TLS connection: %s (the same again within %gs is not logged%s; "
                         "see kproxy_sni_refused_total)", said, SNI_LOG_INTERVAL_S,
                         f"; {unlogged} earlier refusals were not logged" if unlogged else "")

@@ -23,7 +23,7 @@ NODE_ID_FIELD = "node_id"
 # that breaks these for any plausible node id would fail in clients' resolvers, not here.
 MAX_LABEL_CHARS = 63
 MAX_NAME_CHARS = 253
-_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+_LABEL = re.compile(rf"^(?!-)[a-z0-9-]{{1,{MAX_LABEL_CHARS}}}(?<!-)$")
 # Node ids are non-negative int32s: the widest id a template must still make a valid name for.
 WIDEST_NODE_ID = 2**31 - 1
 

@@ -8,7 +8,8 @@
 - Live, a real three-node Kafka cluster behind one kproxy port: kafka-python,
   confluent-kafka (librdkafka) and Kafka's Java client produce and consume through it,
   the names resolved to 127.0.0.1 by each client's own means (see ``HostsFile``); a
-  partition's leader is restarted and handed back, and clients follow it by name;
+  partition's leader is restarted and handed back while all three keep working, and
+  each follows it by name;
   mutual TLS to kproxy with TLS to the broker; sidecars, one per broker, on one port.
   No upstream address reaches a client (the leak scan of ``test_cluster``).
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import socket
 import ssl
@@ -27,6 +27,7 @@ import textwrap
 import time
 import urllib.request
 from collections.abc import Iterator
+import concurrent.futures
 import contextlib
 import dataclasses
 from contextlib import contextmanager
@@ -35,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from kproxy import config as config_module
-from kproxy.protocol import Struct
+from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy.server import Proxy
 from kproxy.proxy.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
 from tests.proxy.certs import SNI_DOMAIN, make_pki, openssl_available
@@ -57,6 +58,7 @@ CLIENT_TIMEOUT_S = 90.0           # each client's produce-and-consume, as in tes
 SESSION_TIMEOUT_MS = 6000
 PROGRESS = 50                     # messages that must get through in each phase of the move
 PRODUCE_INTERVAL_S = 0.01
+JAVA_IDLE_EXIT_S = 20.0           # the console consumer stops after this long with nothing new
 
 
 @pytest.fixture(autouse=True)
@@ -230,6 +232,29 @@ def test_every_address_bearing_response_names_each_node_by_its_own_name(pki, api
     pytest.fail("no sample carried an address")
 
 
+def test_a_sidecar_that_knows_its_node_refuses_other_nodes_names(pki):
+    """Until Metadata lists a node at the sidecar's upstream address any broker name is
+    served (by the local broker); from then on only its own and the bootstrap name."""
+    proxy = Proxy(config_module.build({
+        "upstream": "10.0.0.1:9092", "mode": "sidecar", "routing": "sni", "listen": "10.0.0.1:9443",
+        "sni_host_template": TEMPLATE, "sni_bootstrap_host": BOOTSTRAP_NAME,
+        "tls_server": sni_tls_server(pki)}))
+
+    class Handshake:          # what the callback gets: the connection's SSLObject
+        pass
+    assert proxy._on_server_name(Handshake(), name_of(2), None) is None
+    proxy.advertise(2, "10.0.0.2", 9092)
+    assert proxy.local_node is None                     # node 2 is not this sidecar's broker
+    proxy.advertise(1, "10.0.0.1", 9092)
+    assert proxy.local_node == 1
+    refused = Handshake()
+    assert proxy._on_server_name(refused, name_of(2), None) == ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+    assert not hasattr(refused, "kproxy_route")
+    for name, route in ((name_of(1), 1), (BOOTSTRAP_NAME, BOOTSTRAP)):
+        served = Handshake()
+        assert proxy._on_server_name(served, name, None) is None and served.kproxy_route == route
+
+
 def handshake(address: tuple[str, int], pki, server_name: str | None) -> str:
     """"ok" once a handshake sending ``server_name`` as SNI completes, else its error."""
     context = ssl.create_default_context(cafile=str(pki.ca))
@@ -268,7 +293,8 @@ def test_unknown_or_missing_server_names_are_refused(pki, caplog):
         assert handshake(address, pki, f"broker-1.{SNI_DOMAIN}") == "ok"
         assert handshake(address, pki, BOOTSTRAP_NAME.upper()) == "ok"
         refused = metric(proxy.admin_url, "kproxy_sni_refused_total")
-        assert refused == {'{reason="unknown_name"}': 4.0, '{reason="no_name"}': 1.0}
+        assert refused == {'{reason="unknown_name"}': 4.0, '{reason="no_name"}': 1.0,
+                           '{reason="other_node"}': 0.0}
     lines = [r.getMessage() for r in caplog.records if "refusing a TLS connection" in r.getMessage()]
     assert len(lines) == 3, lines                    # the same name again is not logged
     assert f"server name '{unknown}' is neither the bootstrap name '{BOOTSTRAP_NAME}'" in lines[0]
@@ -354,6 +380,39 @@ CONFLUENT_SCRIPT = textwrap.dedent("""
                       "brokers": brokers}))
 """)
 
+# The same client producing (acks=all, idempotent) until a stop file appears, then
+# consuming until it has every message it got acknowledged back: run beside a leader move.
+CONFLUENT_TRAFFIC_SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    from confluent_kafka import Consumer, Producer
+    args = json.loads(sys.argv[1])
+    common = {"bootstrap.servers": args["bootstrap"], "security.protocol": "SSL",
+              "ssl.ca.location": args["ca"], "ssl.endpoint.identification.algorithm": "https"}
+    delivered, failures, produced = set(), [], 0
+    def on_delivery(err, msg):
+        if err is None:
+            delivered.add(msg.value().decode())
+        else:
+            failures.append(str(err))
+    producer = Producer({**common, "acks": "all", "enable.idempotence": True, "linger.ms": 5})
+    while not os.path.exists(args["stop_file"]):
+        producer.produce(args["topic"], value=f"ck-{produced}".encode(), on_delivery=on_delivery)
+        produced += 1
+        producer.poll(args["interval"])
+    left = producer.flush(args["timeout"])
+    consumer = Consumer({**common, "group.id": "ck-" + args["topic"], "auto.offset.reset": "earliest",
+                         "session.timeout.ms": 6000})
+    consumer.subscribe([args["topic"]])
+    got, deadline = set(), time.monotonic() + args["timeout"]
+    while not delivered <= got and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None and msg.value().startswith(b"ck-"):
+            got.add(msg.value().decode())
+    consumer.close()
+    print(json.dumps({"produced": produced, "delivered": len(delivered), "unflushed": left,
+                      "failures": failures[:5], "not_consumed": len(delivered - got)}))
+""")
+
 
 # ---------------------------------------------------------------- live: one port, three brokers
 
@@ -409,6 +468,20 @@ def kp_round_trip(bootstrap: str, topic: str, prefix: str, count: int, **ssl_set
     return brokers
 
 
+def java_fetch(event) -> bool:
+    """A Fetch request from Kafka's Java console consumer."""
+    return (isinstance(event, RequestReceived) and event.api_key == 1 and event.request is not None
+            and (event.request.client_id or "").startswith("console-consumer"))
+
+
+def java_properties(directory: Path, pki) -> Path:
+    """The Java client's settings: TLS with the test CA (PEM), a short session timeout."""
+    path = directory / "java-client.properties"
+    path.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.location={pki.ca}\n"
+                    f"session.timeout.ms={SESSION_TIMEOUT_MS}\n")
+    return path
+
+
 def led(admin, topic: str, partitions: int) -> bool:
     described = admin.list_topics(topic, timeout=ADMIN_TIMEOUT_S).topics.get(topic)
     return (described is not None and described.error is None and len(described.partitions) == partitions
@@ -417,7 +490,6 @@ def led(admin, topic: str, partitions: int) -> bool:
 
 def produce_clients(trace) -> set[str]:
     """client ids whose Produce requests reached a node by its name (listener broker-<id>)."""
-    from kproxy.protocol.connection import RequestReceived
     return {e.request.client_id for _, listener, e in trace
             if listener.startswith("broker-") and isinstance(e, RequestReceived) and e.api_key == 0
             and e.request is not None}
@@ -463,10 +535,7 @@ class TestOnePortThreeBrokers:
             assert set(report["consumed"]) == {f"ck-{i}" for i in range(60)}
             assert {tuple(b) for b in report["brokers"]} == advertised
 
-            properties = tmp_path / "java-client.properties"
-            properties.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\n"
-                                  f"ssl.truststore.location={pki.ca}\n"
-                                  f"session.timeout.ms={SESSION_TIMEOUT_MS}\n")
+            properties = java_properties(tmp_path, pki)
             lines = [f"java-{i}" for i in range(100)]
             run_tool(cluster3, cluster3.tools.console_producer, "--bootstrap-server", bootstrap,
                      "--topic", topic, "--command-config", str(properties), "--command-property",
@@ -493,11 +562,13 @@ class TestOnePortThreeBrokers:
         assert_no_upstream_address(client_bytes, upstream_addresses(cluster3), advertised)
 
     def test_clients_follow_a_leader_move_by_name(self, cluster3, pki, client_bytes, tmp_path):
-        """kafka-python keeps producing (acks=all) and consuming while partition 0's leader
-        is stopped, restarted and made leader again: it finds each new leader at that
-        node's name, on the same port, and loses nothing."""
+        """kafka-python and confluent-kafka keep producing (acks=all, idempotent) and
+        consuming, and Kafka's Java console consumer keeps consuming, while partition 0's
+        leader is stopped, restarted and made leader again: each finds every new leader at
+        that node's name, on the same port, and nothing is lost."""
         from confluent_kafka import ElectionType, TopicPartition
         from confluent_kafka.admin import AdminClient
+        from kproxy.embedded import run_tool
 
         ids = [n.node_id for n in cluster3.nodes]
         hosts = cluster_hosts(tmp_path, ids)
@@ -511,8 +582,28 @@ class TestOnePortThreeBrokers:
             advertised = {(name_of(n), port) for n in ids}
             traffic = KpTraffic(f"{BOOTSTRAP_NAME}:{port}", topic, kp_ssl(pki))
             traffic.start()
+            if not mount_namespaces_available():
+                pytest.fail("confluent-kafka's part needs `unshare --mount` (a private /etc/hosts)",
+                            pytrace=False)
+            stop_file = tmp_path / "stop-confluent"
+            args = {"bootstrap": f"{BOOTSTRAP_NAME}:{port}", "topic": topic, "ca": str(pki.ca),
+                    "stop_file": str(stop_file), "interval": PRODUCE_INTERVAL_S,
+                    "timeout": CONSUME_TIMEOUT_S}
+            pool = concurrent.futures.ThreadPoolExecutor(2)
+            confluent = pool.submit(
+                hosts.run_with_hosts, [sys.executable, "-c", CONFLUENT_TRAFFIC_SCRIPT, json.dumps(args)],
+                timeout=TOOL_TIMEOUT_S * 3)
+            # The Java consumer reads until nothing has come for JAVA_IDLE_EXIT_S.
+            java = pool.submit(
+                run_tool, cluster3, cluster3.tools.console_consumer, "--bootstrap-server",
+                f"{BOOTSTRAP_NAME}:{port}", "--topic", topic, "--group", f"java-{topic}",
+                "--from-beginning", "--timeout-ms", str(int(JAVA_IDLE_EXIT_S * 1000)),
+                "--command-config", str(java_properties(tmp_path, pki)),
+                jvm_args=hosts.java_args(), timeout=TOOL_TIMEOUT_S * 3, check=False)
             try:
                 traffic.wait_for_progress(PROGRESS, "before the move")
+                wait_for(lambda: any(java_fetch(e) for _, _, e in list(trace)), CONSUME_TIMEOUT_S,
+                         "the Java consumer to fetch")
                 leader = partition_leader(admin, topic, 0)
                 cluster3.stop_node(leader)
                 wait_for(lambda: partition_leader(admin, topic, 0) not in (leader, -1),
@@ -532,14 +623,27 @@ class TestOnePortThreeBrokers:
                 returned = time.monotonic()
                 traffic.wait_for_progress(PROGRESS, f"after node {leader} leads again")
             finally:
+                stop_file.touch()
                 traffic.finish()
+            ran = confluent.result(TOOL_TIMEOUT_S * 3)
+            assert ran.returncode == 0, ran.stderr[-3000:]
+            report = json.loads(ran.stdout.strip().splitlines()[-1])
+            assert report["delivered"] == report["produced"] > 0 and not report["failures"], report
+            assert report["unflushed"] == 0 and report["not_consumed"] == 0, report
+            java_read = java.result(TOOL_TIMEOUT_S * 3)
+            pool.shutdown()
+            read = set(java_read.stdout.split())
+            assert {str(n) for n in traffic.delivered} <= read, java_read.stderr[-3000:]
+            assert len({v for v in read if v.startswith("ck-")}) == report["delivered"]
             assert not traffic.errors, traffic.errors[:3]
             assert traffic.delivered == set(range(traffic.produced)), "a message was not acknowledged"
             assert traffic.delivered <= traffic.consumed
-            from kproxy.protocol.connection import RequestReceived
-            assert any(listener == f"broker-{leader}" and isinstance(e, RequestReceived)
-                       and e.api_key == 0 for t, listener, e in trace if t > returned), \
-                f"no Produce reached node {leader} by its name after it led again"
+            producers = produce_clients([(t, l, e) for t, l, e in trace
+                                         if t > returned and l == f"broker-{leader}"])
+            assert any(c.startswith("kafka-python") for c in producers) and "rdkafka" in producers, \
+                f"Produce reached node {leader} by its name after it led again only from {producers}"
+            assert any(l == f"broker-{leader}" and java_fetch(e) for t, l, e in trace if t > returned), \
+                f"the Java consumer did not fetch from node {leader} by its name after it led again"
             assert set(proxy.runtime.proxy.listeners) == {"bootstrap"}
         assert_no_upstream_address(client_bytes, upstream_addresses(cluster3), advertised)
 
@@ -587,8 +691,8 @@ class KpTraffic:
                                  **self.ssl)
         try:
             while not self._stop_consuming.is_set():
-                for records in consumer.poll(timeout_ms=200).values():
-                    self.consumed.update(int(r.value) for r in records)
+                for records in consumer.poll(timeout_ms=200).values():   # not confluent's ck-<n>
+                    self.consumed.update(int(r.value) for r in records if r.value.isdigit())
         finally:
             consumer.close()
 
@@ -686,10 +790,11 @@ class TestSidecars:
         leaders = {p.leader for p in admin.list_topics(topic).topics[topic].partitions.values()}
         assert leaders == set(ip), "partitions should be led by every broker"
         traces = {}
+        sidecars = {}
         with contextlib.ExitStack() as stack:
             for node in nodes:
                 traces[node.node_id], observe = api_trace()
-                stack.enter_context(ProxyThread(
+                sidecars[node.node_id] = stack.enter_context(ProxyThread(
                     observers=[observe], mode="sidecar", upstream=f"{node.host}:{node.port}",
                     listen=f"{ip[node.node_id]}:{port}", routing="sni", sni_host_template=TEMPLATE,
                     sni_bootstrap_host=BOOTSTRAP_NAME, tls_server=sni_tls_server(pki),
@@ -698,11 +803,19 @@ class TestSidecars:
             with hosts.in_this_process():
                 seen = kp_round_trip(f"{BOOTSTRAP_NAME}:{port}", topic, "sidecar", 60, **kp_ssl(pki))
             assert seen == advertised
-            from kproxy.protocol.connection import RequestReceived
             for node_id, trace in traces.items():        # each sidecar served its own partitions
                 assert any(isinstance(e, RequestReceived) and e.api_key == 0 for _, _, e in trace), \
                     f"sidecar {node_id} saw no Produce"
-            assert handshake((ip[nodes[0].node_id], port), pki, f"kafka.{SNI_DOMAIN}") != "ok"
+            first = nodes[0].node_id
+            assert handshake((ip[first], port), pki, f"kafka.{SNI_DOMAIN}") != "ok"
+            # The bootstrap sidecar has seen Metadata list its broker at its upstream address:
+            # another node's name sent to it (DNS pointing at the wrong pod) is refused, not
+            # served by the wrong broker.
+            other = nodes[1].node_id
+            assert handshake((ip[first], port), pki, name_of(other)) != "ok"
+            assert handshake((ip[first], port), pki, name_of(first)) == "ok"        # control
+            refused = metric(sidecars[first].admin_url, "kproxy_sni_refused_total")
+            assert refused['{reason="other_node"}'] == 1 and refused['{reason="unknown_name"}'] == 1
         assert_no_upstream_address(client_bytes, upstream_addresses(cluster3), advertised)
 
 
