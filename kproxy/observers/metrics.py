@@ -59,7 +59,16 @@ MEMBER_STALE_SECONDS = 120.0
 MAX_MEMBERS_PER_GROUP = 10_000
 
 FETCH_KEYS = (1, 78)      # Fetch, ShareFetch: long-poll until data or max.wait.ms
+FETCH_KEY = 1
+METADATA_KEY = 3
 PRODUCE_KEY = 0
+FETCH_BY_TOPIC_ID = 13    # Fetch v13+ names topics by id, not name
+READ_COMMITTED = 1        # Fetch isolation_level: the consumer reads only up to the last stable offset
+# Fetch positions kept per connection (consumer lag). A broker leads a few thousand partitions
+# at most in practice; past this a connection's new partitions are not tracked.
+MAX_LAG_PARTITIONS_PER_CONNECTION = 100_000
+# Topic id -> name pairs learnt from Metadata answers (Fetch v13+ names topics by id only).
+MAX_TOPIC_IDS = 100_000
 API_VERSIONS_KEY = 18
 API_VERSIONS_SOFTWARE_VERSION = 3      # ApiVersions v3+ names the client's software
 JOIN_GROUP_KEY, SYNC_GROUP_KEY, LEAVE_GROUP_KEY = 11, 14, 13
@@ -144,10 +153,11 @@ class Metrics:
 
     def __init__(self, client_id_label: bool = False, topic_label: bool = False,
                  label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None,
-                 unbound_listeners=None, group_label: bool = False):
+                 unbound_listeners=None, group_label: bool = False, consumer_lag: bool = True):
         """``in_flight()``, ``traffic()`` and ``unbound_listeners()`` are read at scrape time
         (nothing on the hot path): traffic returns cumulative byte totals keyed like
-        ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported."""
+        ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported.
+        ``consumer_lag=False`` leaves the lag out (the metrics benchmark's baseline)."""
         r = self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -280,6 +290,13 @@ class Metrics:
         self._now = 0.0                                               # latest group event time
         r.register(_GroupMembersCollector(self))
 
+        # Consumer lag from the wire: connection id -> _FetchPositions, summed at scrape time.
+        self.consumer_lag = consumer_lag
+        self._fetch_positions: dict[int, _FetchPositions] = {}
+        self._topic_names: dict = {}                     # topic id (Uuid) -> name, from Metadata
+        if consumer_lag:
+            r.register(_ConsumerLagCollector(self))
+
         self._apis: dict[int, _ApiSeries] = {}
         for key in schema.API_NAMES:                 # known label sets exported as zeros
             self._series(key)
@@ -346,7 +363,7 @@ class Metrics:
                                                  self.produced_records)
                     self.produced_bytes.inc(nbytes)
                     if self.topic_label is not None and nbytes:
-                        self.topic_produced_bytes.labels(self.topic_label(_topic_name(topic))).inc(nbytes)
+                        self.topic_produced_bytes.labels(self.topic_label(self._topic_name(topic))).inc(nbytes)
 
     def _response(self, event: ResponseReceived, info) -> None:
         series = self._series(event.api_key)
@@ -364,6 +381,10 @@ class Metrics:
         fetched = 0
         if event.api_key in FETCH_KEYS:
             fetched = self._fetched(body)
+            if event.api_key == FETCH_KEY and self.consumer_lag:
+                self._fetch_answered(event, info, body)
+        elif event.api_key == METADATA_KEY:
+            self._learn_topic_ids(body)
         if series.long_poll is not None and fetched == 0:
             series.long_poll.observe(event.latency)
         else:
@@ -389,7 +410,7 @@ class Metrics:
                                              self.fetched_records)
                 total += nbytes
                 if self.topic_label is not None and nbytes:
-                    self.topic_fetched_bytes.labels(self.topic_label(_topic_name(topic))).inc(nbytes)
+                    self.topic_fetched_bytes.labels(self.topic_label(self._topic_name(topic))).inc(nbytes)
         if total:
             self.fetched_bytes.inc(total)
         return total
@@ -547,6 +568,89 @@ class Metrics:
             out[state.label] = out.get(state.label, 0) + state.classic_members + len(members)
         return out
 
+
+    # ------------------------------------------------------------ consumer lag
+
+    def _topic_name(self, topic) -> str:
+        """A topic's name; Fetch v13+ and others name it by id, resolved from Metadata answers."""
+        name = getattr(topic, "name", None) or getattr(topic, "topic", None)
+        if name:
+            return name
+        topic_id = getattr(topic, "topic_id", None)
+        if topic_id is None:
+            return ""
+        return self._topic_names.get(topic_id) or str(topic_id)
+
+    def _learn_topic_ids(self, body) -> None:
+        for topic in getattr(body, "topics", None) or ():
+            topic_id, name = getattr(topic, "topic_id", None), getattr(topic, "name", None)
+            if name and topic_id and any(topic_id) and topic_id not in self._topic_names \
+                    and len(self._topic_names) < MAX_TOPIC_IDS:
+                self._topic_names[topic_id] = name
+
+    def _fetch_answered(self, event: ResponseReceived, info, body) -> None:
+        """A consumer's Fetch and its answer: remember, per partition, the offset asked for and
+        the partition's end. Partition headers only (the records are never looked at).
+
+        Incremental fetch sessions (KIP-227) name only partitions whose position changed, and
+        answer only partitions with news: the rest keep what the connection last said.
+        """
+        request = event.request_event.request
+        if request is None or request.is_opaque or getattr(body, "error_code", 0):
+            return
+        wanted = request.body
+        replica = getattr(wanted, "replica_state", None)
+        if (replica.replica_id if replica is not None else getattr(wanted, "replica_id", -1)) >= 0:
+            return                               # a follower broker replicating, not a consumer
+        conn_id = info.id if info is not None else 0
+        state = self._fetch_positions.get(conn_id)
+        if state is None:
+            client = self.client_id_label(request.client_id) if self.client_id_label is not None else None
+            state = self._fetch_positions[conn_id] = _FetchPositions(client)
+        partitions = state.partitions
+        by = "topic" if event.api_version < FETCH_BY_TOPIC_ID else "topic_id"
+        if getattr(wanted, "session_epoch", -1) <= 0:      # a full fetch: it lists every partition
+            partitions.clear()
+        for topic in getattr(wanted, "forgotten_topics_data", None) or ():
+            key = getattr(topic, by)
+            for index in topic.partitions:
+                partitions.pop((key, index), None)
+        topic_label = self.topic_label
+        for topic in wanted.topics:
+            key = getattr(topic, by)
+            label = None
+            for partition in topic.partitions:
+                entry = partitions.get((key, partition.partition))
+                if entry is not None:
+                    entry[0] = partition.fetch_offset
+                elif len(partitions) < MAX_LAG_PARTITIONS_PER_CONNECTION:
+                    if topic_label is not None and label is None:
+                        label = topic_label(self._topic_name(topic))
+                    partitions[(key, partition.partition)] = [partition.fetch_offset, -1, label]
+        committed = getattr(wanted, "isolation_level", 0) == READ_COMMITTED
+        for topic in body.responses:
+            key = getattr(topic, by)
+            for partition in topic.partitions:
+                entry = partitions.get((key, partition.partition_index))
+                if entry is None or partition.error_code:
+                    continue
+                end = partition.last_stable_offset if committed else partition.high_watermark
+                if end >= 0:                     # v0-3 have no last stable offset (-1)
+                    entry[1] = end
+                elif committed and partition.high_watermark >= 0:
+                    entry[1] = partition.high_watermark
+
+    def consumer_lags(self) -> dict:
+        """Records behind, summed per (client_id label, topic label); None where a label is off."""
+        out: dict = {}
+        for state in list(self._fetch_positions.values()):
+            client = state.client
+            for offset, end, topic in list(state.partitions.values()):
+                if end >= 0:
+                    key = (client, topic)
+                    out[key] = out.get(key, 0) + max(0, end - offset)
+        return out
+
     # ------------------------------------------------------------ connections
 
     def connection_opened(self, info) -> None:
@@ -560,6 +664,7 @@ class Metrics:
         software = self._conn_software.pop(info.id, None)
         if software is not None:
             software[1].dec()
+        self._fetch_positions.pop(info.id, None)
         self.connections_closed.labels(info.listener, close_reason_label(reason)).inc()
 
     def connection_refused(self, listener: str, reason: str) -> None:
@@ -570,13 +675,6 @@ class Metrics:
     def listener_bind_failed(self, listener: str, error: OSError) -> None:
         self.listener_bind_failures.labels(listener, bind_failure_label(error)).inc()
 
-
-def _topic_name(topic) -> str:
-    name = getattr(topic, "name", None) or getattr(topic, "topic", None)
-    if name:
-        return name
-    topic_id = getattr(topic, "topic_id", None)
-    return str(topic_id) if topic_id is not None else ""
 
 
 # name -> (help, key in the traffic() dict)
@@ -617,6 +715,44 @@ class _GroupState:
         self.classic_members = 0
         self.epoch = -1                      # KIP-848: the highest member epoch granted
         self.members: dict[str, float] = {}  # KIP-848 member id -> last heartbeat answered
+
+
+class _FetchPositions:
+    """One connection's consumer: its client_id label, and per (topic name or id, partition)
+    ``[fetch offset, partition end (-1 until answered), topic label]``."""
+
+    __slots__ = ("client", "partitions")
+
+    def __init__(self, client: str | None):
+        self.client = client
+        self.partitions: dict[tuple, list] = {}
+
+
+class _ConsumerLagCollector:
+    """kproxy_consumer_lag_records, summed from the connections' fetch positions at scrape time."""
+
+    NAME = "kproxy_consumer_lag_records"
+    HELP = ("Records between what consumers fetch and the partition end (high watermark; last stable "
+            "offset for read_committed), summed over the partitions they fetch through kproxy")
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        m = self.metrics
+        with_client, with_topic = m.client_id_label is not None, m.topic_label is not None
+        labels = ["client_id"] * with_client + ["topic"] * with_topic
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=labels)
+        lags = m.consumer_lags()
+        if labels:
+            for (client, topic), lag in lags.items():
+                family.add_metric([client] * with_client + [topic] * with_topic, lag)
+        else:
+            family.add_metric([], sum(lags.values()))
+        yield family
+
+    def describe(self):
+        return [GaugeMetricFamily(self.NAME, self.HELP)]
 
 
 class _GroupMembersCollector:
