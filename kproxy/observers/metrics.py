@@ -25,11 +25,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import __version__
 from ..protocol import API_KEYS, SCHEMA_SOURCES, api_name, error_name, is_removed, schema
-from ..protocol.connection import (MalformedFrame, RequestReceived, ResponseReceived,
-                                   SaslTokenPassed)
+from ..protocol.connection import (WRONG_PROTOCOLS, MalformedFrame, RequestReceived,
+                                   ResponseReceived, SaslTokenPassed)
 from ..protocol import DecodeError
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, iter_batches
+from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
 from ..protocol.walk import error_codes
 
 # Request-to-response time: sub-millisecond local answers up to Fetch/JoinGroup waits.
@@ -45,6 +46,8 @@ REBALANCE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.
 # Client software names/versions are whatever the client sends (Kafka sets no length limit):
 # label values are cut to this many characters.
 SOFTWARE_LABEL_MAX_CHARS = 64
+# Kafka's name for a client that has not authenticated (no SASL, no client certificate).
+ANONYMOUS = "ANONYMOUS"
 # A connection that has not named its software (no ApiVersions v3+ yet, or an older client).
 UNKNOWN_SOFTWARE = "unknown"
 # Consumer groups whose rebalance state is kept; past this the least recently active is dropped
@@ -86,7 +89,14 @@ REJOIN_ERRORS = ("REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATI
 REJOIN_ERROR_CODES = frozenset(code for code, name in schema.ERROR_NAMES.items() if name in REJOIN_ERRORS)
 CLOSE_REASONS = ("client_closed", "broker_closed", "frame_too_large", "rewrite_failed",
                  "idle_timeout", "shutdown", "socket_error", "upstream_unreachable",
-                 "max_connections", "other")
+                 "max_connections", *WRONG_PROTOCOLS, "other")
+# Misconfigurations are told apart first: their messages name the mistake, not a frame size.
+_CLOSE_NEEDLES = tuple((phrase.lower(), cause) for cause, phrase in WRONG_PROTOCOLS.items()) + (
+    ("client closed", "client_closed"), ("broker closed", "broker_closed"),
+    ("frame of", "frame_too_large"), ("rewrite failed", "rewrite_failed"),
+    ("idle", "idle_timeout"), ("shutting down", "shutdown"),
+    ("unreachable", "upstream_unreachable"),
+    ("max_connections", "max_connections"), ("socket error", "socket_error"))
 
 
 # Why a broker listener could not be bound (errno -> reason label; anything else is "other").
@@ -101,11 +111,7 @@ def bind_failure_label(error: OSError) -> str:
 def close_reason_label(reason: str) -> str:
     """Fold a free-text close reason into the fixed set (bounded label values)."""
     text = reason.lower()
-    for needle, label in (("client closed", "client_closed"), ("broker closed", "broker_closed"),
-                          ("frame of", "frame_too_large"), ("rewrite failed", "rewrite_failed"),
-                          ("idle", "idle_timeout"), ("shutting down", "shutdown"),
-                          ("unreachable", "upstream_unreachable"),
-                          ("max_connections", "max_connections"), ("socket error", "socket_error")):
+    for needle, label in _CLOSE_NEEDLES:
         if needle in text:
             return label
     return "other"
@@ -153,7 +159,8 @@ class Metrics:
 
     def __init__(self, client_id_label: bool = False, topic_label: bool = False,
                  label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None,
-                 unbound_listeners=None, group_label: bool = False, consumer_lag: bool = True):
+                 unbound_listeners=None, group_label: bool = False, consumer_lag: bool = True,
+                 principal_label: bool = False):
         """``in_flight()``, ``traffic()`` and ``unbound_listeners()`` are read at scrape time
         (nothing on the hot path): traffic returns cumulative byte totals keyed like
         ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported.
@@ -290,6 +297,22 @@ class Metrics:
         self._now = 0.0                                               # latest group event time
         r.register(_GroupMembersCollector(self))
 
+        # Who is it: requests and bytes per principal (SASL user or client certificate subject).
+        self.principal_label = BoundedLabel(label_cap) if principal_label else None
+        if principal_label:
+            by = ["principal", "api"]
+            self.principal_requests = Counter(
+                "kproxy_principal_requests_total",
+                "Requests by authenticated principal and API (opt-in, capped)", by, registry=r)
+            self.principal_request_bytes = Counter(
+                "kproxy_principal_request_bytes_total",
+                "Request bytes by authenticated principal and API (opt-in, capped)", by, registry=r)
+            self.principal_response_bytes = Counter(
+                "kproxy_principal_response_bytes_total",
+                "Response bytes by authenticated principal and API (opt-in, capped)", by, registry=r)
+        # connection id -> [principal label, SaslPrincipal or None, {api key: children}]
+        self._principals: dict[int, list] = {}
+
         # Consumer lag from the wire: connection id -> _FetchPositions, summed at scrape time.
         self.consumer_lag = consumer_lag
         self._fetch_positions: dict[int, _FetchPositions] = {}
@@ -334,6 +357,10 @@ class Metrics:
         series.requests.inc()
         series.request_size.observe(event.size)
         series.request_bytes.inc(event.size)
+        if self.principal_label is not None and info is not None:
+            children = self._principal_children(info, event.api_key, series.name)
+            children[0].inc()
+            children[1].inc(event.size)
         if event.api_key in schema.API_NAMES:
             key = (event.api_key, event.api_version)
             version = self._versions.get(key)
@@ -369,6 +396,8 @@ class Metrics:
         series = self._series(event.api_key)
         series.response_size.observe(event.size)
         series.response_bytes.inc(event.size)
+        if self.principal_label is not None and info is not None:
+            self._principal_children(info, event.api_key, series.name)[2].inc(event.size)
         response = event.response
         if response is None:
             self._decode_failures["response"].inc()
@@ -385,6 +414,9 @@ class Metrics:
                 self._fetch_answered(event, info, body)
         elif event.api_key == METADATA_KEY:
             self._learn_topic_ids(body)
+        elif event.api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY) \
+                and self.principal_label is not None and info is not None:
+            self._sasl_answered(event, info, body)
         if series.long_poll is not None and fetched == 0:
             series.long_poll.observe(event.latency)
         else:
@@ -569,6 +601,39 @@ class Metrics:
         return out
 
 
+    # ------------------------------------------------------------ principals
+
+    def _principal_state(self, info) -> list:
+        state = self._principals.get(info.id)
+        if state is None:
+            principal = info.principal if getattr(info, "principal", None) else ANONYMOUS
+            state = self._principals[info.id] = [self.principal_label(principal), None, {}]
+        return state
+
+    def _principal_children(self, info, api_key: int, api: str) -> tuple:
+        """The (requests, request bytes, response bytes) children of a connection's principal
+        for one API, looked up once per connection and API."""
+        state = self._principal_state(info)
+        children = state[2].get(api_key)
+        if children is None:
+            label = state[0]
+            children = state[2][api_key] = (self.principal_requests.labels(label, api),
+                                            self.principal_request_bytes.labels(label, api),
+                                            self.principal_response_bytes.labels(label, api))
+        return children
+
+    def _sasl_answered(self, event: ResponseReceived, info, body) -> None:
+        """SaslHandshake / SaslAuthenticate: once the broker accepts the exchange, the
+        connection's later requests count under the user it named."""
+        request = event.request_event.request
+        if request is None or request.is_opaque:
+            return
+        state = self._principal_state(info)
+        if state[1] is None:
+            state[1] = SaslPrincipal()
+        if state[1].observe(event.api_key, request.body, body):
+            state[0], state[2] = self.principal_label(state[1].principal), {}
+
     # ------------------------------------------------------------ consumer lag
 
     def _topic_name(self, topic) -> str:
@@ -665,6 +730,7 @@ class Metrics:
         if software is not None:
             software[1].dec()
         self._fetch_positions.pop(info.id, None)
+        self._principals.pop(info.id, None)
         self.connections_closed.labels(info.listener, close_reason_label(reason)).inc()
 
     def connection_refused(self, listener: str, reason: str) -> None:

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from .tls import certificate_subject
 from ..protocol.connection import DEFAULT_MAX_FRAME_SIZE, Connection, Event, ProtocolViolation, ResponseReceived
 
 log = logging.getLogger("kproxy.relay")
@@ -57,6 +58,7 @@ class ConnectionInfo:
     upstream: HostPort
     node_id: int | None           # upstream node, when the listener is a broker's
     opened: float | None = None   # wall clock (time.time()) when kproxy accepted the client
+    principal: str | None = None  # the client certificate's subject, when TLS verified one
 
 
 @dataclass
@@ -154,6 +156,7 @@ async def _client_to_broker(relay: Relay, reader, writer, observers) -> str:
             # the connection before the broker sees any of it.
             events = tracker.receive_client(data)
         except ProtocolViolation as exc:
+            relay.writers[0].write(getattr(exc, "reply", b""))   # e.g. a TLS alert: say why
             return str(exc)
         writer.write(data)
         relay.bytes_from_client += len(data)
@@ -237,7 +240,8 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_wri
         for w in relay.writers:
             w.close()
         return
-    relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened)
+    relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened,
+                                certificate_subject(client_writer.get_extra_info("peercert")))
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
                                transform=policy.transform)
     for w in (client_writer, broker_writer):

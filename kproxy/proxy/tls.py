@@ -23,6 +23,32 @@ def server_context(tls: TLSServer) -> ssl.SSLContext:
     return ctx
 
 
+# Attribute names as Kafka's default principal builder prints them (X500Principal, RFC 2253).
+SUBJECT_KEYS = {"commonName": "CN", "organizationalUnitName": "OU", "organizationName": "O",
+                "localityName": "L", "stateOrProvinceName": "ST", "countryName": "C",
+                "streetAddress": "STREET", "domainComponent": "DC", "userId": "UID"}
+
+
+def certificate_subject(peercert: dict | None) -> str | None:
+    """A verified client certificate's subject, written as Kafka names an mTLS principal
+    (``CN=alice,O=Example,C=DE``: most specific first); None without a certificate."""
+    if not peercert or not peercert.get("subject"):
+        return None
+    rdns = []
+    for rdn in reversed(peercert["subject"]):
+        rdns.append("+".join(f"{SUBJECT_KEYS.get(key, key)}={_escape(value)}" for key, value in rdn))
+    return ",".join(rdns)
+
+
+def _escape(value: str) -> str:
+    value = "".join("\\" + c if c in ',+"\\<>;' else c for c in value)
+    if value[:1] in (" ", "#"):
+        value = "\\" + value
+    if value.endswith(" "):
+        value = value[:-1] + "\\ "
+    return value
+
+
 def client_context(tls: TLSClient) -> ssl.SSLContext:
     """For upstream connections: verify the broker (hostname too, unless switched off)."""
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=tls.ca_file)
