@@ -8,8 +8,10 @@ names (unknown keys fold into ``unknown``), ``error`` one of Kafka's error
 names, ``listener`` one per broker, ``reason`` a fixed set; the opt-in
 ``client_id`` and ``topic`` labels keep the first N values seen and fold the
 rest into ``other``. So do the client software name/version (always on: the
-client's own words) and the opt-in ``group`` label; consumer group state is
-kept for a bounded number of groups, the least recently active evicted.
+client's own words) and the opt-in ``group`` and ``principal`` labels; consumer
+group state is kept for a bounded number of groups, the least recently active
+evicted. Consumer lag is summed at scrape time from each connection's last
+Fetch positions and answers (partition headers only), dropped when it closes.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, iter_batches
 from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
 from ..protocol.walk import error_codes
+from ..protocol.tls_failures import HANDSHAKE_FAILURES
 
 # Request-to-response time: sub-millisecond local answers up to Fetch/JoinGroup waits.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -235,6 +238,12 @@ class Metrics:
         self.connections_closed = Counter("kproxy_connections_closed_total",
                                           "Client connections closed, by reason",
                                           ["listener", "reason"], registry=r)
+        self.tls_handshake_failures = Counter(
+            "kproxy_tls_handshake_failures_total",
+            "Client TLS handshakes that failed, by cause (plaintext or HTTP on a TLS listener, "
+            "certificate problems, no common protocol)", ["reason"], registry=r)
+        for cause in HANDSHAKE_FAILURES:
+            self.tls_handshake_failures.labels(cause)
         self.listener_bind_failures = Counter(
             "kproxy_listener_bind_failures_total",
             "Failed attempts to bind a broker listener (its node is withheld from clients meanwhile)",
@@ -737,6 +746,9 @@ class Metrics:
         """Accepted, then closed before it was proxied (upstream unreachable, limits, shutdown)."""
         self.connections_opened.labels(listener).inc()
         self.connections_closed.labels(listener, close_reason_label(reason)).inc()
+
+    def tls_handshake_failed(self, cause: str) -> None:
+        self.tls_handshake_failures.labels(cause if cause in HANDSHAKE_FAILURES else "other").inc()
 
     def listener_bind_failed(self, listener: str, error: OSError) -> None:
         self.listener_bind_failures.labels(listener, bind_failure_label(error)).inc()

@@ -34,6 +34,7 @@ from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseRece
 from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay
 from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
                       withhold_nodes)
+from ..protocol.tls_failures import HANDSHAKE_FAILURES
 from .tls import client_context, server_context
 
 log = logging.getLogger("kproxy.server")
@@ -102,7 +103,8 @@ class Proxy:
         self.bound_ports: dict[int, int] = {}              # node id -> port its listener is bound to
         self.unbound: dict[int, UnboundListener] = {}      # node id -> listener that cannot bind
         self._bootstrap_cycle = itertools.cycle(range(len(config.upstreams)))
-        self._server_ssl = server_context(config.tls_server) if config.tls_server else None
+        self._server_ssl = server_context(config.tls_server, self._tls_handshake_failed) if config.tls_server else None
+        self._tls_log = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL)
         self._client_ssl = client_context(config.tls_client) if config.tls_client else None
         self._reaper: asyncio.Task | None = None
         self._opening: set[str] = set()
@@ -424,6 +426,15 @@ class Proxy:
         log.info("kproxy stopped")
 
     # ------------------------------------------------------------ logging
+
+    def _tls_handshake_failed(self, cause: str, error) -> None:
+        """A client's TLS handshake failed (before any handler: no address is known here)."""
+        notify_hook(self.observers, "tls_handshake_failed", cause)
+        unlogged = self._tls_log.admit(cause)
+        if unlogged is not None:
+            log.warning("TLS handshake with a client failed: %s (%s)%s", HANDSHAKE_FAILURES[cause],
+                        getattr(error, "reason", None) or error,
+                        f" ({unlogged} earlier failures were not logged)" if unlogged else "")
 
     def _log_decode_failures(self, info, events) -> None:
         """Decode failures, logged within ``self._decode_log``'s budget."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -25,6 +26,8 @@ from tests.proxy.harness import ProxyThread
 
 CLOSED = "kproxy_connections_closed_total"
 OPENSSL_TIMEOUT_S = 30.0
+# librdkafka reconnects with backoff; told by an alert it reports the failure on its first try.
+LIBRDKAFKA_TOLD_WITHIN_S = 15.0
 
 
 def reason_of(data: bytes, direction="client") -> str:
@@ -98,3 +101,65 @@ def test_http_on_the_kafka_port_gets_a_400_that_says_so(proxy, caplog):
     wait_for(lambda m: sample(m, CLOSED, listener="bootstrap", reason="http_on_kafka_port") == 1,
              "the close counted with its reason", proxy)
     assert any("HTTP on the Kafka port" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+# ---------------------------------------------------------------- on a TLS listener
+
+def test_handshake_failures_are_named_from_openssl_and_the_first_byte():
+    from kproxy.protocol.tls_failures import HANDSHAKE_FAILURES, handshake_failure
+    assert handshake_failure("WRONG_VERSION_NUMBER", 0) == "plaintext_on_tls_listener"
+    assert handshake_failure("WRONG_VERSION_NUMBER", 0x16) == "other"      # a TLS client gone wrong
+    assert handshake_failure("HTTP_REQUEST", ord("G")) == "http_on_tls_listener"
+    assert handshake_failure("PEER_DID_NOT_RETURN_A_CERTIFICATE", 0x16) == "no_client_certificate"
+    assert handshake_failure("CERTIFICATE_VERIFY_FAILED", 0x16) == "client_certificate_rejected"
+    assert handshake_failure(None, None) == "other" and set(HANDSHAKE_FAILURES) >= {"other"}
+
+
+def test_failed_handshakes_on_a_tls_listener_are_logged_and_counted(tmp_path, caplog):
+    import socket
+    import ssl
+
+    from tests.proxy.certs import make_pki
+    from tests.observers.test_metrics_live import scrape
+
+    pki = make_pki(tmp_path / "pki")
+    caplog.set_level(logging.INFO)
+    tls = {"cert_file": str(pki.server.cert), "key_file": str(pki.server.key), "client_ca_file": str(pki.ca)}
+    # No broker needed: every one of these fails before kproxy connects upstream.
+    with ProxyThread(upstream="127.0.0.1:9", tls_server=tls) as proxy:
+        host, port = proxy.bootstrap.split(":")
+
+        def send(data: bytes) -> bytes:
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(data)
+                return s.recv(100)
+
+        # Each client hears why, in its own terms, and at once: the TLS alert OpenSSL wrote.
+        assert send(bytes.fromhex("0000000e0012000300000001000461707031"))[:1] == b"\x15"   # plaintext
+        assert send(b"GET /metrics HTTP/1.1\r\nHost: kafka\r\n\r\n")[:1] == b"\x15"
+        context = ssl.create_default_context(cafile=str(pki.ca))            # no client certificate
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            with pytest.raises(ssl.SSLError, match="(?i)certificate required|handshake failure"):
+                with context.wrap_socket(raw, server_hostname="localhost") as s:
+                    s.recv(100)                                              # TLS 1.3: refused after
+        # librdkafka without a client certificate: told at once, in its own words.
+        from confluent_kafka import Producer
+        errors = []
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, "security.protocol": "SSL",
+                             "ssl.ca.location": str(pki.ca), "error_cb": errors.append})
+        deadline = time.monotonic() + LIBRDKAFKA_TOLD_WITHIN_S
+        while not any("certificate required" in e.str() for e in errors):
+            assert time.monotonic() < deadline, f"librdkafka was not told: {[e.str() for e in errors]}"
+            producer.poll(0.2)
+        del producer
+        counted = lambda m: {r: sample(m, "kproxy_tls_handshake_failures_total", reason=r)  # noqa: E731
+                             for r in ("plaintext_on_tls_listener", "http_on_tls_listener",
+                                       "no_client_certificate")}
+        m = wait_for(lambda m: all(v >= 1 for v in counted(m).values()), "each failure counted", proxy)
+        assert counted(m)["plaintext_on_tls_listener"] == counted(m)["http_on_tls_listener"] == 1
+        assert sample(m, "kproxy_tls_handshake_failures_total", reason="other") == 0
+        assert scrape(proxy)  # still serving
+    warnings = " | ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "plaintext Kafka on a TLS listener" in warnings and "security.protocol to SSL" in warnings
+    assert "HTTP on the Kafka port (TLS listener)" in warnings
+    assert "sent no certificate" in warnings
