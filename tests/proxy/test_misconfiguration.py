@@ -163,3 +163,23 @@ def test_failed_handshakes_on_a_tls_listener_are_logged_and_counted(tmp_path, ca
     assert "plaintext Kafka on a TLS listener" in warnings and "security.protocol to SSL" in warnings
     assert "HTTP on the Kafka port (TLS listener)" in warnings
     assert "sent no certificate" in warnings
+
+
+def test_a_java_client_without_a_certificate_is_told_why(require_kafka, tmp_path):
+    """Kafka's Java client (the admin tool), refused for want of a certificate: it must fail
+    with the TLS error, as against a broker requiring one, not retry disconnects until timeout."""
+    from kproxy.embedded import KAFKA_4_VERSION
+    from kproxy.embedded.kafka import run_tool, tool_classes
+    from tests.proxy.certs import make_pki
+
+    require_kafka(KAFKA_4_VERSION)
+    pki = make_pki(tmp_path / "pki")
+    tls = {"cert_file": str(pki.server.cert), "key_file": str(pki.server.key), "client_ca_file": str(pki.ca)}
+    config = tmp_path / "client.properties"
+    config.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.location={pki.ca}\n"
+                      "default.api.timeout.ms=30000\nrequest.timeout.ms=10000\n")
+    with ProxyThread(upstream="127.0.0.1:9", tls_server=tls) as proxy:
+        done = run_tool(KAFKA_4_VERSION, tool_classes(KAFKA_4_VERSION).topics, "--bootstrap-server",
+                        proxy.bootstrap, "--command-config", str(config), "--list", check=False, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "SslAuthenticationException" in output, output[-2000:]
