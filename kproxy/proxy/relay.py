@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from .tls import certificate_subject
 from ..protocol.connection import DEFAULT_MAX_FRAME_SIZE, Connection, Event, ProtocolViolation, ResponseReceived
+from .tls import certificate_subject
 
 log = logging.getLogger("kproxy.relay")
 

@@ -31,10 +31,10 @@ from typing import Iterable
 from ..config import Config
 from ..protocol import DecodeError, encode_response
 from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseReceived
+from ..protocol.tls_failures import HANDSHAKE_FAILURES
 from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay
 from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
                       withhold_nodes)
-from ..protocol.tls_failures import HANDSHAKE_FAILURES
 from .tls import client_context, server_context
 
 log = logging.getLogger("kproxy.server")
