@@ -323,6 +323,13 @@ def test_principal_fills_the_rows_after_the_exchange_and_never_the_password(tmp_
     table = read_parquet(tmp_path)
     assert sorted(map(str, table.column("principal").to_pylist())) == sorted(map(str, principals.values()))
     assert PASSWORD not in all_bytes(tmp_path)
+    out = io.StringIO()
+    s = cli.stats(str(tmp_path), fmt="parquet", out=out)
+    # produce_request() writes one batch of 3 records to "orders" (see test_capture).
+    assert s["topic_writers"] == [
+        {"topic": "orders", "principal": "CN=svc,O=Example", "pairs": 1, "records": 3},
+        {"topic": "orders", "principal": "frank", "pairs": 1, "records": 3}]
+    assert "who writes to each topic (Produce, by principal):" in out.getvalue()
 
 
 def test_principal_survives_filters_that_leave_sasl_out(tmp_path):
@@ -352,3 +359,4 @@ def test_version_2_files_are_still_read(tmp_path):
     assert cli.show(str(tmp_path), fmt="parquet", out=out) == 3
     s = cli.stats(str(tmp_path), fmt="parquet", out=io.StringIO())
     assert s["pairs"] == 3 and s["client_software"][0]["name"] == "librdkafka"
+    assert s["topic_writers"] is None                      # no principal column before v3
