@@ -109,6 +109,7 @@ class Config:
     metrics_client_id_label: bool = False
     metrics_topic_label: bool = False
     metrics_group_label: bool = False          # consumer group metrics per group (else totals)
+    metrics_principal_label: bool = False      # requests/bytes per authenticated principal and API
     metrics_label_cap: int = DEFAULT_METRICS_LABEL_CAP
     # Capture settings (directory, formats, filters, rotation; see README "Traffic capture"):
     # defaults for captures started through the admin listener, and for capture_autostart.
@@ -154,7 +155,8 @@ _SCALARS: dict[str, type] = {
     "sni_bootstrap_host": str, "max_frame_size": int, "max_connections": int,
     "idle_timeout": float, "connect_timeout": float, "shutdown_timeout": float,
     "cap_api_versions": bool, "log_level": str, "metrics_client_id_label": bool,
-    "metrics_topic_label": bool, "metrics_group_label": bool, "metrics_label_cap": int, "capture_autostart": bool,
+    "metrics_topic_label": bool, "metrics_group_label": bool, "metrics_principal_label": bool,
+    "metrics_label_cap": int, "capture_autostart": bool,
     "instance_name": str,
     "capture_root": str, "capture_allow_record_data": bool, "admin_token_file": str,
     "admin_token": str,

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from ..protocol.connection import DEFAULT_MAX_FRAME_SIZE, Connection, Event, ProtocolViolation, ResponseReceived
+from .tls import certificate_subject
 
 log = logging.getLogger("kproxy.relay")
 
@@ -87,6 +88,7 @@ class ConnectionInfo:
     upstream: HostPort
     node_id: int | None           # upstream node, when the listener is a broker's
     opened: float | None = None   # wall clock (time.time()) when kproxy accepted the client
+    principal: str | None = None  # the client certificate's subject, when TLS verified one
 
 
 @dataclass
@@ -317,6 +319,9 @@ class Relay:
             # the connection before the broker sees any of it.
             events = self.tracker.receive_client(data)
         except ProtocolViolation as exc:
+            reply = getattr(exc, "reply", b"")      # e.g. a TLS alert: tell the client why
+            if reply:
+                self.client.transport.write(reply)
             self.finish(str(exc))
             return
         self.broker.transport.write(data)
@@ -489,7 +494,8 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
         client.close()
         broker.close()
         return
-    relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened)
+    relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened,
+                                certificate_subject(client.get_extra_info("peercert")))
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
                                transform=policy.transform)
     relay.observers = policy.observers

@@ -46,7 +46,8 @@ from typing import Iterable
 
 from ..config import Config
 from ..protocol import DecodeError, Request, decode_response, encode_request, encode_response, new_body
-from ..protocol.connection import RequestReceived, ResponseReceived
+from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseReceived
+from ..protocol.tls_failures import HANDSHAKE_FAILURES
 from .relay import (HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
 from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
@@ -75,6 +76,11 @@ CLOSE_GRACE_S = 2.0               # closed sockets' handlers finish in milliseco
 # next line that is, and metrics count every failure.
 DECODE_LOG_INTERVAL_S = 60.0
 DECODE_LOG_KINDS_PER_INTERVAL = 10
+# Connections closed for a misconfiguration (TLS or HTTP on a Kafka port, ...): one WARNING per
+# (cause, client host) per interval, at most this many per interval; each close also has its
+# INFO line, and kproxy_connections_closed_total{reason} counts them all.
+MISCONFIGURATION_LOG_INTERVAL_S = 60.0
+MISCONFIGURATION_LOG_KINDS_PER_INTERVAL = 20
 # A broker listener that cannot be bound is tried again after this, doubling each time up
 # to the cap: a port freed by another process is picked up within BIND_RETRY_MAX_S, and
 # one bind attempt per node every few seconds costs nothing.
@@ -121,7 +127,7 @@ class Proxy:
 
     def __init__(self, config: Config, observers: Iterable[Observer] = ()):
         self.config = config
-        self.observers: list[Observer] = [*observers, self._log_decode_failures]
+        self.observers: list[Observer] = [*observers, self._log_decode_failures, MisconfigurationLog()]
         self.relays: set[Relay] = set()
         self.upstream_of: dict[int, HostPort] = {}         # node id -> real broker address
         self.listeners: dict[str, asyncio.Server] = {}     # "bootstrap" / "broker-<id>"
@@ -140,8 +146,9 @@ class Proxy:
         self._names_checked: set[int] = set()       # node ids whose name was checked against it
         self.local_node: int | None = None          # sidecar: its broker's node id, once known
         self._server_ssl = server_context(
-            config.tls_server, self._on_server_name if self.sni_names else None) \
-            if config.tls_server else None
+            config.tls_server, self._on_server_name if self.sni_names else None,
+            self._tls_handshake_failed) if config.tls_server else None
+        self._tls_log = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL)
         self._client_ssl = client_context(config.tls_client) if config.tls_client else None
         self._reaper: asyncio.Task | None = None
         self._listen_port = config.listen[1]      # as bound, once started (0: OS-chosen)
@@ -603,6 +610,15 @@ class Proxy:
 
     # ------------------------------------------------------------ logging
 
+    def _tls_handshake_failed(self, cause: str, error) -> None:
+        """A client's TLS handshake failed (before any handler: no address is known here)."""
+        notify_hook(self.observers, "tls_handshake_failed", cause)
+        unlogged = self._tls_log.admit(cause)
+        if unlogged is not None:
+            log.warning("TLS handshake with a client failed: %s (%s)%s", HANDSHAKE_FAILURES[cause],
+                        getattr(error, "reason", None) or error,
+                        f" ({unlogged} earlier failures were not logged)" if unlogged else "")
+
     def _log_decode_failures(self, info, events) -> None:
         """Decode failures, logged within ``self._decode_log``'s budget."""
         for event in events:
@@ -622,6 +638,26 @@ class Proxy:
                         "see kproxy_decode_failures_total)", name, event.api_version, direction,
                         error, DECODE_LOG_INTERVAL_S,
                         f"; {unlogged} earlier failures were not logged" if unlogged else "")
+
+
+class MisconfigurationLog:
+    """An observer: closes whose reason names a misconfiguration get a WARNING that says
+    what is wrong and how to fix it (the reason is that sentence), within a LogBudget."""
+
+    def __init__(self, clock=time.monotonic):
+        self.budget = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL, clock)
+
+    def __call__(self, info, events) -> None:
+        pass
+
+    def connection_closed(self, info, reason: str = "", in_flight: int = 0) -> None:
+        cause = next((c for c, phrase in WRONG_PROTOCOLS.items() if reason.startswith(phrase)), None)
+        if cause is None:
+            return
+        unlogged = self.budget.admit((cause, info.client[0]))
+        if unlogged is not None:
+            log.warning("%s:%d on %s: %s%s", *info.client, info.listener, reason,
+                        f" ({unlogged} earlier misconfigured connections were not logged)" if unlogged else "")
 
 
 class LogBudget:
