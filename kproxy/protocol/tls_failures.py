@@ -24,6 +24,9 @@ _FAILURE_OF_REASON = {          # OpenSSL's reason code -> HANDSHAKE_FAILURES ke
     "NO_SHARED_CIPHER": "protocol_mismatch", "TLSV1_ALERT_PROTOCOL_VERSION": "protocol_mismatch",
     "VERSION_TOO_LOW": "protocol_mismatch",
 }
+# OpenSSL's reason when kproxy's own SNI callback ended the handshake: already logged and
+# counted as an SNI refusal (kproxy_sni_refused_total), so not a handshake failure too.
+SNI_CALLBACK_REFUSAL = "CALLBACK_FAILED"
 # A Kafka request's size prefix starts with 0 (frames under 16 MiB); a TLS record with 0x16.
 _KAFKA_FIRST_BYTE = 0
 

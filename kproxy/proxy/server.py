@@ -47,7 +47,7 @@ from typing import Iterable
 from ..config import Config
 from ..protocol import DecodeError, Request, decode_response, encode_request, encode_response, new_body
 from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseReceived
-from ..protocol.tls_failures import HANDSHAKE_FAILURES
+from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .relay import (HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
 from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
@@ -612,6 +612,8 @@ class Proxy:
 
     def _tls_handshake_failed(self, cause: str, error) -> None:
         """A client's TLS handshake failed (before any handler: no address is known here)."""
+        if getattr(error, "reason", None) == SNI_CALLBACK_REFUSAL:
+            return                                  # refused by SNI routing, said there
         notify_hook(self.observers, "tls_handshake_failed", cause)
         unlogged = self._tls_log.admit(cause)
         if unlogged is not None:

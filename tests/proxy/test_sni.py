@@ -295,6 +295,9 @@ def test_unknown_or_missing_server_names_are_refused(pki, caplog):
         refused = metric(proxy.admin_url, "kproxy_sni_refused_total")
         assert refused == {'{reason="unknown_name"}': 4.0, '{reason="no_name"}': 1.0,
                            '{reason="other_node"}': 0.0}
+        # An SNI refusal is said once, as such: not also as a failed TLS handshake.
+        assert not any(metric(proxy.admin_url, "kproxy_tls_handshake_failures_total").values())
+    assert not [r for r in caplog.records if "TLS handshake with a client failed" in r.getMessage()]
     lines = [r.getMessage() for r in caplog.records if "refusing a TLS connection" in r.getMessage()]
     assert len(lines) == 3, lines                    # the same name again is not logged
     assert f"server name '{unknown}' is neither the bootstrap name '{BOOTSTRAP_NAME}'" in lines[0]
