@@ -24,7 +24,7 @@ from .config import Config
 from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.metrics import Metrics
-from .proxy.admin import AdminServer, upstream_reachable
+from .proxy.admin import AdminServer, ScrapeBusy, SharedRender, upstream_reachable
 from .proxy.relay import Observer
 from .proxy.server import Proxy
 
@@ -88,9 +88,15 @@ class Runtime:
             "/capture/start": {"POST": self._capture_start},
             "/capture/stop": {"POST": self._capture_stop},
         }, admin_token=config.admin_token, protected=CAPTURE_ROUTES)
+        # prometheus-client's own exposition, rendered in a worker thread and shared by
+        # concurrent scrapes (see admin.SharedRender): a scrape storm costs one render.
+        self.scrape = SharedRender(lambda: generate_latest(self.metrics.registry))
 
     async def _metrics(self):
-        return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
+        try:
+            return 200, CONTENT_TYPE_LATEST, await self.scrape()
+        except ScrapeBusy:
+            return 503, "text/plain", b"too many scrapes at once; retry\n"
 
     async def _capture_status(self):
         return _json(*capture_control.capture_status(self.capture))
