@@ -12,7 +12,8 @@ Two kinds of route:
   handler takes no argument, a POST handler the request body; both return
   ``(status, content type, body bytes)``;
 - ``web_routes``: aiohttp handlers taking the ``web.Request`` (the live stream,
-  files), for answers that are not one body.
+  files), for answers that are not one body; a path ending in "/" (other than
+  "/" itself) answers every path under it. Plain routes win.
 
 Protected routes need ``Authorization: Bearer <token>`` matching the configured
 admin token, compared in constant time; without a configured token they answer
@@ -139,7 +140,8 @@ class AdminServer:
         self.refused = 0                   # protected calls refused (no token configured, or a bad one)
         self._refusals_unlogged = 0
         self._refusal_logged_at = float("-inf")
-        self._web_prefixes = tuple(sorted((p for p in self.web_routes if p.endswith("/")),
+        # "/live/" answers every path under it; "/" only itself.
+        self._web_prefixes = tuple(sorted((p for p in self.web_routes if p.endswith("/") and p != "/"),
                                           key=len, reverse=True))
 
     @property
@@ -177,8 +179,8 @@ class AdminServer:
         """None if the caller may use a protected route; otherwise the refusal to send.
         ``token``: what the caller offered (``bearer_token``)."""
         if self._token is None:
-            return 403, _JSON, (b'{"error": "capture control is off: no admin token is configured '
-                                b'(admin_token_file or KPROXY_ADMIN_TOKEN)"}\n')
+            return 403, _JSON, (b'{"error": "capture control and the live view are off: no admin token is '
+                                b'configured (admin_token_file or KPROXY_ADMIN_TOKEN)"}\n')
         given = (token or "").encode("latin-1", "replace")
         if given and hmac.compare_digest(given, self._token):
             return None
@@ -213,8 +215,8 @@ class AdminServer:
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         method, path = request.method, request.path
         get = "GET" if method == "HEAD" else method
-        web_route = self._web_route(path)
         handlers = self.routes.get(path)
+        web_route = self._web_route(path) if handlers is None else None
         if handlers is not None and not isinstance(handlers, dict):
             handlers = {"GET": handlers}                  # a bare route answers GET
         if handlers is None and web_route is None:
