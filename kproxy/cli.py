@@ -139,6 +139,7 @@ async def _demo(args) -> int:
         host, port = runtime.proxy.bootstrap_address
         say(f"broker (upstream)  {node.host}:{node.port}  (clients never see this address)\n"
             f"kproxy bootstrap   {host}:{port}  <- point bootstrap.servers here\n"
+            f"live page          {runtime.admin_url}/   (admin token: {admin_token})\n"
             f"metrics            {runtime.admin_url}/metrics\n"
             f"health / ready     {runtime.admin_url}/healthz  {runtime.admin_url}/readyz\n"
             f"capture            curl -X POST -H 'Authorization: Bearer {admin_token}' "
