@@ -22,8 +22,8 @@ While someone watches::
   latency), a rate cap (``VIEWER_MAX_ROWS_PER_S``: more is unreadable; the
   excess is ``thinned``) and a backlog of at most ``VIEWER_BACKLOG`` rows: a
   viewer that does not keep up loses rows (``dropped``), never slows anyone.
-- The last minutes of pairs are kept (``RECENT_*`` bounds) for the detail
-  view (the capture's JSON form of a pair, redacted the same way, record data
+- The last minutes of pairs are kept (``RECENT_*`` bounds; dropped when the
+  last viewer leaves) for the detail view (the capture's JSON form of a pair, redacted the same way, record data
   only if ``include_record_data``) and a connection's pcapng download.
 - The overview (per-API rate, p99 latency, error rate over ``OVERVIEW_WINDOW_S``)
   is computed from the same rows while someone watches; connections by listener
@@ -371,6 +371,10 @@ class LiveView:
     def unwatch(self) -> None:
         self.watchers = max(self.watchers - 1, 0)
         self.watched = self.watchers > 0
+        if not self.watched:                 # nobody left to click a pair: let its frames go
+            with self._recent_lock:
+                self._recent.clear()
+                self._recent_bytes = 0
 
     def close(self) -> None:
         """Stop: streams end, the thread exits."""

@@ -41,6 +41,7 @@ import time
 from typing import Awaitable, Callable, Collection
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger("kproxy.admin")
 
@@ -125,6 +126,40 @@ def bearer_token(request: web.Request) -> str:
     return credentials.strip() if scheme.lower() == "bearer" else ""
 
 
+class _MalformedRequestLog(logging.Filter):
+    """aiohttp logs every malformed request (line too long, too many headers, garbage)
+    at ERROR with a traceback: anyone reaching the port could fill the log. Here they
+    become one WARNING line per REFUSAL_LOG_INTERVAL_S with a count; a request handler's
+    own failure (not a parse error) is logged as aiohttp logs it."""
+
+    def __init__(self):
+        super().__init__()
+        self.unlogged = 0
+        self.logged_at = float("-inf")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, HttpProcessingError) or record.levelno < logging.ERROR:
+            return True
+        self.unlogged += 1
+        now = time.monotonic()
+        if now - self.logged_at < REFUSAL_LOG_INTERVAL_S:
+            return False
+        record.msg = "admin: malformed HTTP request from %s (%d %s); %d since the last such line"
+        record.args = (*(record.args or ("?",))[:1], error.code,
+                       str(error.message).splitlines()[0][:100] if error.message else "", self.unlogged)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info = record.exc_text = None
+        self.logged_at, self.unlogged = now, 0
+        return True
+
+
+# aiohttp's server log for the admin listener, its malformed-request lines budgeted.
+_http_log = logging.getLogger("kproxy.admin.http")
+malformed_request_log = _MalformedRequestLog()           # one budget per process
+_http_log.addFilter(malformed_request_log)
+
+
 class AdminServer:
     def __init__(self, routes: dict[str, Route], admin_token: str | None = None,
                  protected: Collection[str] = (), web_routes: dict[str, WebRoute] | None = None,
@@ -152,7 +187,7 @@ class AdminServer:
         app = web.Application(client_max_size=MAX_BODY_BYTES, handler_args={
             "keepalive_timeout": self.read_timeout, "lingering_time": self.read_timeout,
             "max_line_size": MAX_LINE_BYTES,
-            "max_field_size": MAX_LINE_BYTES, "max_headers": MAX_HEADER_LINES})
+            "max_field_size": MAX_LINE_BYTES, "max_headers": MAX_HEADER_LINES, "logger": _http_log})
         app.router.add_route("*", "/{path:.*}", self._dispatch)
         # access_log=None: one line per probe and scrape is noise; refusals are logged above.
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False,

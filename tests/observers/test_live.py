@@ -70,3 +70,19 @@ def test_viewer_filters():
                          ({"min_latency_ms": "soon"}, "min_latency_ms")):
         with pytest.raises(ValueError, match=message):
             ViewerFilter(bad)
+
+
+def test_recent_pairs_are_bounded_and_let_go_when_the_last_viewer_leaves(monkeypatch):
+    monkeypatch.setattr(live_module, "RECENT_MAX_PAIRS", 5)
+    live = LiveView()
+    viewer = live.add_viewer(ViewerFilter().compile())
+    try:
+        for i in range(1, 9):
+            request, response = metadata_pair(i)
+            live._remember(i, INFO, request, response, {"time": 1000.0 + i})
+        assert list(live._recent) == [4, 5, 6, 7, 8]
+        assert live.pair(1) is None and live.connection_pcapng(999) is None
+        live.remove_viewer(viewer)
+        assert not live.watched and not live._recent and live._recent_bytes == 0
+    finally:
+        live.close()

@@ -8,6 +8,7 @@ AdminServer, and for the storm a real kproxy in front of a real broker.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ import uuid
 
 import pytest
 
+from kproxy.proxy import admin as admin_module
 from kproxy.proxy.admin import AdminServer, ScrapeBusy, SharedRender
 from tests.proxy.harness import ProxyThread
 
@@ -81,6 +83,36 @@ def test_slowloris_headers_and_trickled_bodies_are_dropped():
             await admin.stop()
 
     assert asyncio.run(scenario()) == SLOW_CALLERS
+
+
+def test_malformed_requests_get_400_and_one_log_line(caplog, monkeypatch):
+    """aiohttp would log each with a traceback at ERROR: a log anyone could fill."""
+    monkeypatch.setattr(admin_module.malformed_request_log, "logged_at", float("-inf"))
+    garbage = [b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n",
+               b"GET /healthz HTTP/1.1\r\n" + b"X-Many: y\r\n" * 500 + b"\r\n",
+               b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: " + b"v" * 20_000 + b"\r\n\r\n",
+               b"GET /healthz HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"] * 5
+
+    async def scenario() -> list[bytes]:
+        admin = AdminServer({"/healthz": _healthz})
+        await admin.start("127.0.0.1", 0)
+        answers = []
+        try:
+            for payload in garbage:
+                reader, writer = await asyncio.open_connection(*admin.address)
+                writer.write(payload)
+                answers.append(await asyncio.wait_for(reader.read(64), 10))
+                writer.close()
+        finally:
+            await admin.stop()
+        return answers
+
+    with caplog.at_level(logging.INFO):
+        answers = asyncio.run(scenario())
+    assert all(a.startswith(b"HTTP/1.") and b" 400 " in a[:16] for a in answers), answers
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    lines = [r.getMessage() for r in caplog.records if r.name == "kproxy.admin.http"]
+    assert len(lines) == 1 and "malformed HTTP request from 127.0.0.1 (400" in lines[0], lines
 
 
 def _get_status(url: str) -> int:
