@@ -56,6 +56,10 @@ REFUSAL_LOG_INTERVAL_S = 60.0
 # Scrapes waiting for the render in flight; Prometheus sends one per interval per server,
 # so more than this at once is a storm: the rest are told to come back (503) for free.
 MAX_WAITING_SCRAPES = 32
+# Connections the kernel queues before kproxy accepts them. A burst beyond this (a
+# scrape storm) makes the kernel drop SYNs, and every caller then, health checks
+# included, waits for its SYN to be resent: 1 s, then 3 s.
+LISTEN_BACKLOG = 1024
 # Handlers still running at stop get this long before they are cancelled (live streams end at once).
 SHUTDOWN_TIMEOUT_S = 2.0
 
@@ -193,7 +197,7 @@ class AdminServer:
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                     shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        site = web.TCPSite(self.runner, host, port, reuse_address=True, backlog=LISTEN_BACKLOG)
         await site.start()
         self.server = site
 
