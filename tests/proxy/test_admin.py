@@ -115,6 +115,39 @@ def test_malformed_requests_get_400_and_one_log_line(caplog, monkeypatch):
     assert len(lines) == 1 and "malformed HTTP request from 127.0.0.1 (400" in lines[0], lines
 
 
+def test_bodies_over_the_limit_are_refused_before_the_handler_runs():
+    """A declared length over 64 KiB, and a chunked body that grows past it: 413 either way."""
+    seen = []
+
+    async def record(body: bytes):
+        seen.append(len(body))
+        return 200, "text/plain", b"ok\n"
+
+    async def scenario() -> list[bytes]:
+        admin = AdminServer({"/echo": {"POST": record}})
+        await admin.start("127.0.0.1", 0)
+        big = b"x" * (admin_module.MAX_BODY_BYTES + 1)
+        chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part)
+                           for part in (big[:40_000], big[40_000:])) + b"0\r\n\r\n"
+        answers = []
+        try:
+            for head, body in ((b"Content-Length: %d\r\n" % len(big), big),
+                               (b"Transfer-Encoding: chunked\r\n", chunked),
+                               (b"Content-Length: 5\r\n", b"small")):
+                reader, writer = await asyncio.open_connection(*admin.address)
+                writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n" + body)
+                answers.append(await asyncio.wait_for(reader.read(200), 10))
+                writer.close()
+        finally:
+            await admin.stop()
+        return answers
+
+    too_long, too_long_chunked, small = asyncio.run(scenario())
+    assert b" 413 " in too_long[:16] and too_long.endswith(b"body too large\n"), too_long
+    assert b" 413 " in too_long_chunked[:16], too_long_chunked
+    assert b" 200 " in small[:16] and seen == [5]
+
+
 def _get_status(url: str) -> int:
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.status
