@@ -397,7 +397,7 @@ class LiveView:
                 time.sleep(owed)
                 owed = 0.0
             item = q.get()
-            if item is _STOP:
+            if item is _STOP or self.closed:      # closing: what is still queued is not analysed
                 return
             info, request, response, size = item
             try:
