@@ -20,6 +20,9 @@ from .protocol.connection import DEFAULT_MAX_FRAME_SIZE
 HostPort = tuple[str, int]
 
 MODES = ("gateway", "sidecar")
+# ports: a port per broker (the broker_port_* rules); sni: every node on the listen
+# port, told apart by the TLS server name (sni_host_template, sni_bootstrap_host).
+ROUTINGS = ("ports", "sni")
 PORT_RULES = ("offset", "sequential", "map", "fixed")   # fixed: every node at the listen port
 ENV_PREFIX = "KPROXY_"
 
@@ -89,6 +92,10 @@ class Config:
     broker_port_map: Mapping[int, int] = field(default_factory=dict)
     # Sidecar: the address every node is advertised at; {node_id} and {host} are substituted.
     advertised_host_template: str = "{host}"
+    # How clients reach a node: "ports" (one port each) or "sni" (one TLS port, a name each).
+    routing: str = "ports"
+    sni_host_template: str | None = None     # sni: e.g. "broker-{node_id}.kafka.example.com"
+    sni_bootstrap_host: str | None = None    # sni: e.g. "bootstrap.kafka.example.com"
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S
@@ -102,6 +109,7 @@ class Config:
     metrics_client_id_label: bool = False
     metrics_topic_label: bool = False
     metrics_group_label: bool = False          # consumer group metrics per group (else totals)
+    metrics_principal_label: bool = False      # requests/bytes per authenticated principal and API
     metrics_label_cap: int = DEFAULT_METRICS_LABEL_CAP
     # Capture settings (directory, formats, filters, rotation; see README "Traffic capture"):
     # defaults for captures started through the admin listener, and for capture_autostart.
@@ -132,13 +140,23 @@ class Config:
     def public_host(self) -> str:
         return self.advertised_host or self.listen[0]
 
+    @property
+    def sni_names(self):
+        """routing = "sni": the NodeNames (validated at build); None otherwise."""
+        if self.routing != "sni":
+            return None
+        from .proxy.sni import NodeNames
+        return NodeNames.parse(self.sni_host_template, self.sni_bootstrap_host)
+
 
 _SCALARS: dict[str, type] = {
     "mode": str, "advertised_host": str, "broker_port_rule": str, "broker_port_base": int,
-    "advertised_host_template": str, "max_frame_size": int, "max_connections": int,
+    "advertised_host_template": str, "routing": str, "sni_host_template": str,
+    "sni_bootstrap_host": str, "max_frame_size": int, "max_connections": int,
     "idle_timeout": float, "connect_timeout": float, "shutdown_timeout": float,
     "cap_api_versions": bool, "log_level": str, "metrics_client_id_label": bool,
-    "metrics_topic_label": bool, "metrics_group_label": bool, "metrics_label_cap": int, "capture_autostart": bool,
+    "metrics_topic_label": bool, "metrics_group_label": bool, "metrics_principal_label": bool,
+    "metrics_label_cap": int, "capture_autostart": bool,
     "instance_name": str,
     "capture_root": str, "capture_allow_record_data": bool, "admin_token_file": str,
     "admin_token": str,
@@ -333,6 +351,30 @@ def build(*layers: Mapping[str, Any]) -> Config:
 def _validate(c: Config) -> None:
     if c.mode not in MODES:
         raise ConfigError(f"mode: must be one of {', '.join(MODES)}, got {c.mode!r}")
+    _validate_routing(c)
+    if c.routing == "ports":
+        _validate_ports(c)
+    try:
+        c.advertised_host_template.format(node_id=0, host="h")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"advertised_host_template: only {{node_id}} and {{host}} may be used ({exc})") \
+            from None
+    for key in ("max_frame_size", "max_connections", "metrics_label_cap"):
+        if getattr(c, key) <= 0:
+            raise ConfigError(f"{key}: must be positive, got {getattr(c, key)}")
+    for key in ("idle_timeout", "connect_timeout", "shutdown_timeout"):
+        if getattr(c, key) < 0:
+            raise ConfigError(f"{key}: must not be negative, got {getattr(c, key)}")
+    if not c.instance_name.strip():
+        raise ConfigError("instance_name: must not be empty")
+    if c.capture_autostart and c.capture is None:
+        raise ConfigError("capture_autostart: needs a capture table (at least its directory)")
+    if c.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"log_level: must be DEBUG, INFO, WARNING or ERROR, got {c.log_level!r}")
+
+
+def _validate_ports(c: Config) -> None:
+    """The broker_port_* rules (routing = "ports")."""
     if c.broker_port_rule not in PORT_RULES:
         raise ConfigError(f"broker_port_rule: must be one of {', '.join(PORT_RULES)}, "
                           f"got {c.broker_port_rule!r}")
@@ -355,23 +397,38 @@ def _validate(c: Config) -> None:
     for node, port in c.broker_port_map.items():
         if not 1 <= port <= 65535:
             raise ConfigError(f"broker_port_map: port for node {node} must be 1-65535, got {port}")
+
+
+def _validate_routing(c: Config) -> None:
+    if c.routing not in ROUTINGS:
+        raise ConfigError(f"routing: must be one of {', '.join(ROUTINGS)}, got {c.routing!r}")
+    if c.routing != "sni":
+        for key in ("sni_host_template", "sni_bootstrap_host"):
+            if getattr(c, key) is not None:
+                raise ConfigError(f"{key}: only used with routing = 'sni'")
+        return
+    if c.tls_server is None:
+        raise ConfigError("routing: 'sni' reads the server name from the TLS handshake, so it needs "
+                          "tls_server (a certificate for every advertised name, or a wildcard)")
+    for key in ("sni_host_template", "sni_bootstrap_host"):
+        if not getattr(c, key):
+            raise ConfigError(f"{key}: required when routing is 'sni' "
+                              "(e.g. 'broker-{node_id}.kafka.example.com' and 'bootstrap.kafka.example.com')")
+    if c.broker_port_base is not None or c.broker_port_map or c.broker_port_rule != "offset":
+        raise ConfigError("broker_port_rule/base/map: not used with routing = 'sni' "
+                          "(every node is advertised at the listen port)")
+    if c.advertised_host is not None or c.advertised_host_template != "{host}":
+        raise ConfigError("advertised_host/advertised_host_template: not used with routing = 'sni' "
+                          "(nodes are advertised by sni_host_template)")
+    if c.mode == "sidecar" and c.listen[1] == 0:
+        raise ConfigError("listen: a sidecar with routing = 'sni' advertises its listen port for "
+                          "every node, so sibling sidecars need the same fixed port, not 0")
+    from .proxy.sni import NodeNames
     try:
-        c.advertised_host_template.format(node_id=0, host="h")
-    except (KeyError, IndexError, ValueError) as exc:
-        raise ConfigError(f"advertised_host_template: only {{node_id}} and {{host}} may be used ({exc})") \
-            from None
-    for key in ("max_frame_size", "max_connections", "metrics_label_cap"):
-        if getattr(c, key) <= 0:
-            raise ConfigError(f"{key}: must be positive, got {getattr(c, key)}")
-    for key in ("idle_timeout", "connect_timeout", "shutdown_timeout"):
-        if getattr(c, key) < 0:
-            raise ConfigError(f"{key}: must not be negative, got {getattr(c, key)}")
-    if not c.instance_name.strip():
-        raise ConfigError("instance_name: must not be empty")
-    if c.capture_autostart and c.capture is None:
-        raise ConfigError("capture_autostart: needs a capture table (at least its directory)")
-    if c.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ConfigError(f"log_level: must be DEBUG, INFO, WARNING or ERROR, got {c.log_level!r}")
+        NodeNames.parse(c.sni_host_template, c.sni_bootstrap_host)
+    except ValueError as exc:
+        key = "sni_bootstrap_host" if str(exc).startswith("bootstrap") else "sni_host_template"
+        raise ConfigError(f"{key}: {exc}") from None
 
 
 def load(path: str | Path | None = None, environ: Mapping[str, str] | None = None,

@@ -82,6 +82,7 @@ class Runtime:
         self.metrics = Metrics(client_id_label=config.metrics_client_id_label,
                                topic_label=config.metrics_topic_label,
                                group_label=config.metrics_group_label,
+                               principal_label=config.metrics_principal_label,
                                label_cap=config.metrics_label_cap, capture=self.capture,
                                in_flight=lambda: self.proxy.in_flight(),
                                traffic=lambda: self.proxy.traffic(),

@@ -8,8 +8,10 @@ names (unknown keys fold into ``unknown``), ``error`` one of Kafka's error
 names, ``listener`` one per broker, ``reason`` a fixed set; the opt-in
 ``client_id`` and ``topic`` labels keep the first N values seen and fold the
 rest into ``other``. So do the client software name/version (always on: the
-client's own words) and the opt-in ``group`` label; consumer group state is
-kept for a bounded number of groups, the least recently active evicted.
+client's own words) and the opt-in ``group`` and ``principal`` labels; consumer
+group state is kept for a bounded number of groups, the least recently active
+evicted. Consumer lag is summed at scrape time from each connection's last
+Fetch positions and answers (partition headers only), dropped when it closes.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import __version__
 from ..protocol import API_KEYS, SCHEMA_SOURCES, api_name, error_name, is_removed, schema
-from ..protocol.connection import (MalformedFrame, RequestReceived, ResponseReceived,
-                                   SaslTokenPassed)
+from ..protocol.connection import (WRONG_PROTOCOLS, MalformedFrame, RequestReceived,
+                                   ResponseReceived, SaslTokenPassed)
 from ..protocol import DecodeError
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, iter_batches
+from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
 from ..protocol.walk import error_codes
+from ..protocol.tls_failures import HANDSHAKE_FAILURES
 
 # Request-to-response time: sub-millisecond local answers up to Fetch/JoinGroup waits.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -45,6 +49,8 @@ REBALANCE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.
 # Client software names/versions are whatever the client sends (Kafka sets no length limit):
 # label values are cut to this many characters.
 SOFTWARE_LABEL_MAX_CHARS = 64
+# Kafka's name for a client that has not authenticated (no SASL, no client certificate).
+ANONYMOUS = "ANONYMOUS"
 # A connection that has not named its software (no ApiVersions v3+ yet, or an older client).
 UNKNOWN_SOFTWARE = "unknown"
 # Consumer groups whose rebalance state is kept; past this the least recently active is dropped
@@ -59,7 +65,16 @@ MEMBER_STALE_SECONDS = 120.0
 MAX_MEMBERS_PER_GROUP = 10_000
 
 FETCH_KEYS = (1, 78)      # Fetch, ShareFetch: long-poll until data or max.wait.ms
+FETCH_KEY = 1
+METADATA_KEY = 3
 PRODUCE_KEY = 0
+FETCH_BY_TOPIC_ID = 13    # Fetch v13+ names topics by id, not name
+READ_COMMITTED = 1        # Fetch isolation_level: the consumer reads only up to the last stable offset
+# Fetch positions kept per connection (consumer lag). A broker leads a few thousand partitions
+# at most in practice; past this a connection's new partitions are not tracked.
+MAX_LAG_PARTITIONS_PER_CONNECTION = 100_000
+# Topic id -> name pairs learnt from Metadata answers (Fetch v13+ names topics by id only).
+MAX_TOPIC_IDS = 100_000
 API_VERSIONS_KEY = 18
 API_VERSIONS_SOFTWARE_VERSION = 3      # ApiVersions v3+ names the client's software
 JOIN_GROUP_KEY, SYNC_GROUP_KEY, LEAVE_GROUP_KEY = 11, 14, 13
@@ -77,7 +92,14 @@ REJOIN_ERRORS = ("REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATI
 REJOIN_ERROR_CODES = frozenset(code for code, name in schema.ERROR_NAMES.items() if name in REJOIN_ERRORS)
 CLOSE_REASONS = ("client_closed", "broker_closed", "frame_too_large", "rewrite_failed",
                  "idle_timeout", "shutdown", "socket_error", "upstream_unreachable",
-                 "max_connections", "other")
+                 "max_connections", *WRONG_PROTOCOLS, "other")
+# Misconfigurations are told apart first: their messages name the mistake, not a frame size.
+_CLOSE_NEEDLES = tuple((phrase.lower(), cause) for cause, phrase in WRONG_PROTOCOLS.items()) + (
+    ("client closed", "client_closed"), ("broker closed", "broker_closed"),
+    ("frame of", "frame_too_large"), ("rewrite failed", "rewrite_failed"),
+    ("idle", "idle_timeout"), ("shutting down", "shutdown"),
+    ("unreachable", "upstream_unreachable"),
+    ("max_connections", "max_connections"), ("socket error", "socket_error"))
 
 
 # Why a broker listener could not be bound (errno -> reason label; anything else is "other").
@@ -89,14 +111,15 @@ def bind_failure_label(error: OSError) -> str:
     return BIND_FAILURE_REASONS.get(error.errno, "other")
 
 
+# Why SNI routing refused a handshake: a name it does not serve, no name at all, or (a
+# sidecar) another node's name.
+SNI_REFUSAL_REASONS = ("unknown_name", "no_name", "other_node")
+
+
 def close_reason_label(reason: str) -> str:
     """Fold a free-text close reason into the fixed set (bounded label values)."""
     text = reason.lower()
-    for needle, label in (("client closed", "client_closed"), ("broker closed", "broker_closed"),
-                          ("frame of", "frame_too_large"), ("rewrite failed", "rewrite_failed"),
-                          ("idle", "idle_timeout"), ("shutting down", "shutdown"),
-                          ("unreachable", "upstream_unreachable"),
-                          ("max_connections", "max_connections"), ("socket error", "socket_error")):
+    for needle, label in _CLOSE_NEEDLES:
         if needle in text:
             return label
     return "other"
@@ -144,10 +167,12 @@ class Metrics:
 
     def __init__(self, client_id_label: bool = False, topic_label: bool = False,
                  label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None,
-                 unbound_listeners=None, group_label: bool = False):
+                 unbound_listeners=None, group_label: bool = False, consumer_lag: bool = True,
+                 principal_label: bool = False):
         """``in_flight()``, ``traffic()`` and ``unbound_listeners()`` are read at scrape time
         (nothing on the hot path): traffic returns cumulative byte totals keyed like
-        ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported."""
+        ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported.
+        ``consumer_lag=False`` leaves the lag out (the metrics benchmark's baseline)."""
         r = self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -218,10 +243,23 @@ class Metrics:
         self.connections_closed = Counter("kproxy_connections_closed_total",
                                           "Client connections closed, by reason",
                                           ["listener", "reason"], registry=r)
+        self.tls_handshake_failures = Counter(
+            "kproxy_tls_handshake_failures_total",
+            "Client TLS handshakes that failed, by cause (plaintext or HTTP on a TLS listener, "
+            "certificate problems, no common protocol)", ["reason"], registry=r)
+        for cause in HANDSHAKE_FAILURES:
+            self.tls_handshake_failures.labels(cause)
         self.listener_bind_failures = Counter(
             "kproxy_listener_bind_failures_total",
             "Failed attempts to bind a broker listener (its node is withheld from clients meanwhile)",
             ["listener", "reason"], registry=r)
+        self.sni_refusals = Counter(
+            "kproxy_sni_refused_total",
+            "TLS handshakes refused by SNI routing: a server name that is no advertised name, "
+            "none, or (a sidecar) another node's",
+            ["reason"], registry=r)
+        for reason in SNI_REFUSAL_REASONS:
+            self.sni_refusals.labels(reason)
         unbound = Gauge("kproxy_broker_listeners_unbound",
                         "Broker listeners kproxy cannot bind now (their nodes are withheld from clients)",
                         registry=r)
@@ -280,6 +318,29 @@ class Metrics:
         self._now = 0.0                                               # latest group event time
         r.register(_GroupMembersCollector(self))
 
+        # Who is it: requests and bytes per principal (SASL user or client certificate subject).
+        self.principal_label = BoundedLabel(label_cap) if principal_label else None
+        if principal_label:
+            by = ["principal", "api"]
+            self.principal_requests = Counter(
+                "kproxy_principal_requests_total",
+                "Requests by authenticated principal and API (opt-in, capped)", by, registry=r)
+            self.principal_request_bytes = Counter(
+                "kproxy_principal_request_bytes_total",
+                "Request bytes by authenticated principal and API (opt-in, capped)", by, registry=r)
+            self.principal_response_bytes = Counter(
+                "kproxy_principal_response_bytes_total",
+                "Response bytes by authenticated principal and API (opt-in, capped)", by, registry=r)
+        # connection id -> [principal label, SaslPrincipal or None, {api key: children}]
+        self._principals: dict[int, list] = {}
+
+        # Consumer lag from the wire: connection id -> _FetchPositions, summed at scrape time.
+        self.consumer_lag = consumer_lag
+        self._fetch_positions: dict[int, _FetchPositions] = {}
+        self._topic_names: dict = {}                     # topic id (Uuid) -> name, from Metadata
+        if consumer_lag:
+            r.register(_ConsumerLagCollector(self))
+
         self._apis: dict[int, _ApiSeries] = {}
         for key in schema.API_NAMES:                 # known label sets exported as zeros
             self._series(key)
@@ -317,6 +378,10 @@ class Metrics:
         series.requests.inc()
         series.request_size.observe(event.size)
         series.request_bytes.inc(event.size)
+        if self.principal_label is not None and info is not None:
+            children = self._principal_children(info, event.api_key, series.name)
+            children[0].inc()
+            children[1].inc(event.size)
         if event.api_key in schema.API_NAMES:
             key = (event.api_key, event.api_version)
             version = self._versions.get(key)
@@ -346,12 +411,14 @@ class Metrics:
                                                  self.produced_records)
                     self.produced_bytes.inc(nbytes)
                     if self.topic_label is not None and nbytes:
-                        self.topic_produced_bytes.labels(self.topic_label(_topic_name(topic))).inc(nbytes)
+                        self.topic_produced_bytes.labels(self.topic_label(self._topic_name(topic))).inc(nbytes)
 
     def _response(self, event: ResponseReceived, info) -> None:
         series = self._series(event.api_key)
         series.response_size.observe(event.size)
         series.response_bytes.inc(event.size)
+        if self.principal_label is not None and info is not None:
+            self._principal_children(info, event.api_key, series.name)[2].inc(event.size)
         response = event.response
         if response is None:
             self._decode_failures["response"].inc()
@@ -364,6 +431,13 @@ class Metrics:
         fetched = 0
         if event.api_key in FETCH_KEYS:
             fetched = self._fetched(body)
+            if event.api_key == FETCH_KEY and self.consumer_lag:
+                self._fetch_answered(event, info, body)
+        elif event.api_key == METADATA_KEY:
+            self._learn_topic_ids(body)
+        elif event.api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY) \
+                and self.principal_label is not None and info is not None:
+            self._sasl_answered(event, info, body)
         if series.long_poll is not None and fetched == 0:
             series.long_poll.observe(event.latency)
         else:
@@ -389,7 +463,7 @@ class Metrics:
                                              self.fetched_records)
                 total += nbytes
                 if self.topic_label is not None and nbytes:
-                    self.topic_fetched_bytes.labels(self.topic_label(_topic_name(topic))).inc(nbytes)
+                    self.topic_fetched_bytes.labels(self.topic_label(self._topic_name(topic))).inc(nbytes)
         if total:
             self.fetched_bytes.inc(total)
         return total
@@ -547,6 +621,122 @@ class Metrics:
             out[state.label] = out.get(state.label, 0) + state.classic_members + len(members)
         return out
 
+
+    # ------------------------------------------------------------ principals
+
+    def _principal_state(self, info) -> list:
+        state = self._principals.get(info.id)
+        if state is None:
+            principal = info.principal if getattr(info, "principal", None) else ANONYMOUS
+            state = self._principals[info.id] = [self.principal_label(principal), None, {}]
+        return state
+
+    def _principal_children(self, info, api_key: int, api: str) -> tuple:
+        """The (requests, request bytes, response bytes) children of a connection's principal
+        for one API, looked up once per connection and API."""
+        state = self._principal_state(info)
+        children = state[2].get(api_key)
+        if children is None:
+            label = state[0]
+            children = state[2][api_key] = (self.principal_requests.labels(label, api),
+                                            self.principal_request_bytes.labels(label, api),
+                                            self.principal_response_bytes.labels(label, api))
+        return children
+
+    def _sasl_answered(self, event: ResponseReceived, info, body) -> None:
+        """SaslHandshake / SaslAuthenticate: once the broker accepts the exchange, the
+        connection's later requests count under the user it named."""
+        request = event.request_event.request
+        if request is None or request.is_opaque:
+            return
+        state = self._principal_state(info)
+        if state[1] is None:
+            state[1] = SaslPrincipal()
+        if state[1].observe(event.api_key, request.body, body):
+            state[0], state[2] = self.principal_label(state[1].principal), {}
+
+    # ------------------------------------------------------------ consumer lag
+
+    def _topic_name(self, topic) -> str:
+        """A topic's name; Fetch v13+ and others name it by id, resolved from Metadata answers."""
+        name = getattr(topic, "name", None) or getattr(topic, "topic", None)
+        if name:
+            return name
+        topic_id = getattr(topic, "topic_id", None)
+        if topic_id is None:
+            return ""
+        return self._topic_names.get(topic_id) or str(topic_id)
+
+    def _learn_topic_ids(self, body) -> None:
+        for topic in getattr(body, "topics", None) or ():
+            topic_id, name = getattr(topic, "topic_id", None), getattr(topic, "name", None)
+            if name and topic_id and any(topic_id) and topic_id not in self._topic_names \
+                    and len(self._topic_names) < MAX_TOPIC_IDS:
+                self._topic_names[topic_id] = name
+
+    def _fetch_answered(self, event: ResponseReceived, info, body) -> None:
+        """A consumer's Fetch and its answer: remember, per partition, the offset asked for and
+        the partition's end. Partition headers only (the records are never looked at).
+
+        Incremental fetch sessions (KIP-227) name only partitions whose position changed, and
+        answer only partitions with news: the rest keep what the connection last said.
+        """
+        request = event.request_event.request
+        if request is None or request.is_opaque or getattr(body, "error_code", 0):
+            return
+        wanted = request.body
+        replica = getattr(wanted, "replica_state", None)
+        if (replica.replica_id if replica is not None else getattr(wanted, "replica_id", -1)) >= 0:
+            return                               # a follower broker replicating, not a consumer
+        conn_id = info.id if info is not None else 0
+        state = self._fetch_positions.get(conn_id)
+        if state is None:
+            client = self.client_id_label(request.client_id) if self.client_id_label is not None else None
+            state = self._fetch_positions[conn_id] = _FetchPositions(client)
+        partitions = state.partitions
+        by = "topic" if event.api_version < FETCH_BY_TOPIC_ID else "topic_id"
+        if getattr(wanted, "session_epoch", -1) <= 0:      # a full fetch: it lists every partition
+            partitions.clear()
+        for topic in getattr(wanted, "forgotten_topics_data", None) or ():
+            key = getattr(topic, by)
+            for index in topic.partitions:
+                partitions.pop((key, index), None)
+        topic_label = self.topic_label
+        for topic in wanted.topics:
+            key = getattr(topic, by)
+            label = None
+            for partition in topic.partitions:
+                entry = partitions.get((key, partition.partition))
+                if entry is not None:
+                    entry[0] = partition.fetch_offset
+                elif len(partitions) < MAX_LAG_PARTITIONS_PER_CONNECTION:
+                    if topic_label is not None and label is None:
+                        label = topic_label(self._topic_name(topic))
+                    partitions[(key, partition.partition)] = [partition.fetch_offset, -1, label]
+        committed = getattr(wanted, "isolation_level", 0) == READ_COMMITTED
+        for topic in body.responses:
+            key = getattr(topic, by)
+            for partition in topic.partitions:
+                entry = partitions.get((key, partition.partition_index))
+                if entry is None or partition.error_code:
+                    continue
+                end = partition.last_stable_offset if committed else partition.high_watermark
+                if end >= 0:                     # v0-3 have no last stable offset (-1)
+                    entry[1] = end
+                elif committed and partition.high_watermark >= 0:
+                    entry[1] = partition.high_watermark
+
+    def consumer_lags(self) -> dict:
+        """Records behind, summed per (client_id label, topic label); None where a label is off."""
+        out: dict = {}
+        for state in list(self._fetch_positions.values()):
+            client = state.client
+            for offset, end, topic in list(state.partitions.values()):
+                if end >= 0:
+                    key = (client, topic)
+                    out[key] = out.get(key, 0) + max(0, end - offset)
+        return out
+
     # ------------------------------------------------------------ connections
 
     def connection_opened(self, info) -> None:
@@ -560,6 +750,8 @@ class Metrics:
         software = self._conn_software.pop(info.id, None)
         if software is not None:
             software[1].dec()
+        self._fetch_positions.pop(info.id, None)
+        self._principals.pop(info.id, None)
         self.connections_closed.labels(info.listener, close_reason_label(reason)).inc()
 
     def connection_refused(self, listener: str, reason: str) -> None:
@@ -567,16 +759,15 @@ class Metrics:
         self.connections_opened.labels(listener).inc()
         self.connections_closed.labels(listener, close_reason_label(reason)).inc()
 
+    def tls_handshake_failed(self, cause: str) -> None:
+        self.tls_handshake_failures.labels(cause if cause in HANDSHAKE_FAILURES else "other").inc()
+
     def listener_bind_failed(self, listener: str, error: OSError) -> None:
         self.listener_bind_failures.labels(listener, bind_failure_label(error)).inc()
 
+    def sni_refused(self, reason: str) -> None:
+        self.sni_refusals.labels(reason).inc()
 
-def _topic_name(topic) -> str:
-    name = getattr(topic, "name", None) or getattr(topic, "topic", None)
-    if name:
-        return name
-    topic_id = getattr(topic, "topic_id", None)
-    return str(topic_id) if topic_id is not None else ""
 
 
 # name -> (help, key in the traffic() dict)
@@ -617,6 +808,44 @@ class _GroupState:
         self.classic_members = 0
         self.epoch = -1                      # KIP-848: the highest member epoch granted
         self.members: dict[str, float] = {}  # KIP-848 member id -> last heartbeat answered
+
+
+class _FetchPositions:
+    """One connection's consumer: its client_id label, and per (topic name or id, partition)
+    ``[fetch offset, partition end (-1 until answered), topic label]``."""
+
+    __slots__ = ("client", "partitions")
+
+    def __init__(self, client: str | None):
+        self.client = client
+        self.partitions: dict[tuple, list] = {}
+
+
+class _ConsumerLagCollector:
+    """kproxy_consumer_lag_records, summed from the connections' fetch positions at scrape time."""
+
+    NAME = "kproxy_consumer_lag_records"
+    HELP = ("Records between what consumers fetch and the partition end (high watermark; last stable "
+            "offset for read_committed), summed over the partitions they fetch through kproxy")
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        m = self.metrics
+        with_client, with_topic = m.client_id_label is not None, m.topic_label is not None
+        labels = ["client_id"] * with_client + ["topic"] * with_topic
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=labels)
+        lags = m.consumer_lags()
+        if labels:
+            for (client, topic), lag in lags.items():
+                family.add_metric([client] * with_client + [topic] * with_topic, lag)
+        else:
+            family.add_metric([], sum(lags.values()))
+        yield family
+
+    def describe(self):
+        return [GaugeMetricFamily(self.NAME, self.HELP)]
 
 
 class _GroupMembersCollector:

@@ -67,6 +67,64 @@ class FrameTooLarge(ProtocolViolation):
     """A size prefix above the configured maximum (or negative)."""
 
 
+class WrongProtocol(FrameTooLarge):
+    """The peer does not speak Kafka at all (TLS, HTTP): its first bytes, read as a size
+    prefix, give a huge frame. ``cause`` is one of ``WRONG_PROTOCOLS``; ``reply`` is what
+    to send the client before closing, so it learns what went wrong in its own protocol."""
+
+    def __init__(self, cause: str, message: str, reply: bytes = b""):
+        super().__init__(message)
+        self.cause = cause
+        self.reply = reply
+
+
+# cause -> the phrase its message starts with (also how close reasons are recognised).
+WRONG_PROTOCOLS = {
+    "tls_on_plaintext_listener": "TLS handshake on a plaintext listener",
+    "http_on_kafka_port": "HTTP on the Kafka port",
+    "upstream_speaks_tls": "the upstream answered with TLS",
+    "upstream_speaks_http": "the upstream answered with HTTP",
+}
+_TLS_RECORD_VERSION_MAJOR = 3         # SSL 3.0 and TLS 1.0-1.3 records: 0x0300-0x0304
+_TLS_HANDSHAKE, _TLS_ALERT = 0x16, 0x15
+# A fatal handshake_failure alert (TLS record: type, version 3.3, length 2, level, description):
+# the client's TLS stack reports a failed handshake at once instead of waiting or retrying.
+TLS_HANDSHAKE_FAILURE_ALERT = bytes((_TLS_ALERT, 3, 3, 0, 2, 2, 40))
+_HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN", b"PRI ")
+_HTTP_BODY = (b"This is a Kafka listener (kproxy), not an HTTP server. kproxy's metrics and "
+              b"health checks are on its admin listener (admin_listen).\n")
+HTTP_BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(_HTTP_BODY)) + _HTTP_BODY
+
+
+def wrong_protocol(direction: str, start) -> WrongProtocol | None:
+    """What a stream starting with ``start`` (at least 4 bytes) is, if plainly not Kafka."""
+    start = bytes(start[:4])
+    tls = start[1] == _TLS_RECORD_VERSION_MAJOR and start[2] <= 4
+    if direction == "client":
+        if start[0] == _TLS_HANDSHAKE and tls:
+            return WrongProtocol("tls_on_plaintext_listener", (
+                f"{WRONG_PROTOCOLS['tls_on_plaintext_listener']}: the client sent a TLS ClientHello, "
+                f"not a Kafka request; set security.protocol to PLAINTEXT or SASL_PLAINTEXT on the "
+                f"client, or give kproxy a tls_server section to terminate TLS"),
+                TLS_HANDSHAKE_FAILURE_ALERT)
+        if start in _HTTP_METHODS:
+            return WrongProtocol("http_on_kafka_port", (
+                f"{WRONG_PROTOCOLS['http_on_kafka_port']}: the client sent an HTTP request "
+                f"({start.decode('ascii').strip()} ...); point HTTP clients (metrics, health checks) "
+                f"at admin_listen"), HTTP_BAD_REQUEST)
+        return None
+    if start[0] in (_TLS_ALERT, _TLS_HANDSHAKE) and tls:
+        return WrongProtocol("upstream_speaks_tls", (
+            f"{WRONG_PROTOCOLS['upstream_speaks_tls']} (a TLS record, not a Kafka response): "
+            f"the broker's listener expects TLS; give kproxy a tls_client section"))
+    if start == b"HTTP":
+        return WrongProtocol("upstream_speaks_http", (
+            f"{WRONG_PROTOCOLS['upstream_speaks_http']}, not Kafka: the upstream address is an "
+            f"HTTP server, not a Kafka listener"))
+    return None
+
+
 class UntrackableRequest(ProtocolViolation):
     """A request whose answer cannot be predicted (the broker would refuse it, or kproxy
     does not know its version): closing beats guessing and mis-pairing what follows."""
@@ -222,7 +280,7 @@ class _Framer:
     growing bytearray, 0.09 ms gathered.
     """
 
-    __slots__ = ("buffer", "max_frame_size", "direction", "_parts", "_missing", "_gathered")
+    __slots__ = ("buffer", "max_frame_size", "direction", "_parts", "_missing", "_gathered", "_framed")
 
     def __init__(self, max_frame_size: int, direction: str):
         self.buffer = bytearray()
@@ -231,6 +289,7 @@ class _Framer:
         self._parts: list | None = None      # chunks of a large frame, size prefix first
         self._missing = 0                    # bytes that frame still lacks
         self._gathered = 0                   # bytes of it in _parts
+        self._framed = False                 # a frame has started: the peer speaks Kafka
 
     def feed(self, data) -> list:
         """Complete frames in ``data`` (and what came before): ``bytes`` or ``memoryview``.
@@ -262,9 +321,13 @@ class _Framer:
         while end - pos >= 4:
             size, = SIZE.unpack_from(buf, pos)
             if size < 0 or size > self.max_frame_size:
+                wrong = None if self._framed else wrong_protocol(self.direction, buf[pos:pos + 4])
+                if wrong is not None:
+                    raise wrong
                 raise FrameTooLarge(f"{self.direction} frame of {size} bytes "
                                     f"(maximum {self.max_frame_size})")
             stop = pos + 4 + size
+            self._framed = True
             if stop > end:
                 if size >= ZERO_COPY_FRAME_BYTES:    # gather the rest as it comes
                     self._parts = [bytes(memoryview(buf)[pos:end])]
@@ -441,6 +504,11 @@ class Connection:
     @property
     def in_raw_sasl(self) -> bool:
         return self._raw_sasl_rounds is not None
+
+    @property
+    def client_partial(self) -> int:
+        """Bytes of the client's incomplete frame so far (0 between requests)."""
+        return self._client.buffered
 
     @property
     def buffered(self) -> int:

@@ -1,25 +1,33 @@
-"""One proxied connection: a client socket, an upstream socket, two pumps.
+"""One proxied connection: a client socket, an upstream socket, two protocols.
 
-With ``server.py``, the only code that touches sockets. Client bytes are
-forwarded as soon as they are read; broker bytes go through the tracker's
-``relay_broker``, which passes everything on at once except responses that
-may carry broker addresses, which it holds until complete and rewrites.
-Events reach observers *after* the bytes are on their way; an observer that
-raises is logged once and otherwise ignored: observation never breaks
-forwarding. When the tracker cannot follow the stream safely (a request whose
-answer it cannot predict, a response out of order) it raises before those
+With ``server.py``, the only code that touches sockets. Each socket is an
+``Endpoint`` (an ``asyncio.BufferedProtocol``): the event loop reads straight
+into a ``ReadArena`` that all connections of a listener share, and the bytes
+go from there to the tracker and, uncopied, to the other socket's transport.
+Client bytes are forwarded as soon as they are read; broker bytes go through
+the tracker's ``relay_broker``, which passes everything on at once except
+responses that may carry broker addresses, which it holds until complete and
+rewrites. Events reach observers *after* the bytes are on their way; an
+observer that raises is logged once and otherwise ignored: observation never
+breaks forwarding. When the tracker cannot follow the stream safely (a request
+whose answer it cannot predict, a response out of order) it raises before those
 bytes are forwarded, and the connection closes.
 
 A client that half-closes (shuts down its sending side) after its last request
 still gets the answers it is owed, as it would from Kafka: the broker gets the
 half-close too, and the connection closes once nothing is in flight.
 
-Backpressure: each pump awaits ``drain()`` after writing, so it stops
-reading its side while the other side's write buffer is above
-``WRITE_HIGH_WATER``. Memory per connection is bounded by that plus the
+Backpressure is explicit: when one side's transport holds more than
+``WRITE_HIGH_WATER`` unsent bytes, the loop calls that side's
+``pause_writing`` and kproxy stops reading the *other* side, until the buffer
+is below ``WRITE_LOW_WATER``. Memory per connection is bounded by that plus the
 tracker's copy of the frame in progress in each direction (kept whole so
 observers can decode it), i.e. at most ``max_frame_size`` per direction; a
-streaming header walk for large pass-through frames would lower that.
+streaming header walk for large pass-through frames would lower that. An idle
+connection holds no read buffer at all (the arena is the listener's).
+
+Every connection ends in ``Relay.finish`` (the one close path), which records
+the first reason given; ``run_relay`` then logs it and tells the observers.
 """
 
 from __future__ import annotations
@@ -28,16 +36,39 @@ import asyncio
 import itertools
 import logging
 import ssl
+import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from ..protocol.connection import DEFAULT_MAX_FRAME_SIZE, Connection, Event, ProtocolViolation, ResponseReceived
+from .tls import certificate_subject
 
 log = logging.getLogger("kproxy.relay")
 
-READ_CHUNK = 256 * 1024          # one read per wake-up; fetch responses are often this big
+READ_CHUNK = 256 * 1024          # most one read takes (an arena's size); fetch responses are often this big
+# A read is offered at least this much room; a busy arena with less left is replaced.
+MIN_READ_ROOM = 64 * 1024
 WRITE_HIGH_WATER = 1024 * 1024   # stop reading the other side above this much unsent data
+WRITE_LOW_WATER = WRITE_HIGH_WATER // 4   # ... and start again below this
+# Kafka reads one request per connection at a time and answers in order; clients keep a
+# handful in flight (the Java client 5 by default). A client with more unanswered is
+# pipelining blindly: kproxy stops reading it until answers bring it below this, which
+# bounds the tracker's queue and the work one client can line up.
+MAX_IN_FLIGHT_PER_CONNECTION = 1000
+# Events handed to observers in one go. More (one read of thousands of tiny pipelined
+# requests) wait for the next turns of the event loop, so other connections, scrapes and
+# health checks run in between; the client is not read until they are all observed.
+OBSERVER_EVENTS_PER_STEP = 256
+# Room offered to a client's reads after one of them carried more requests than a step:
+# keeps one read's framing work small (~1,000 minimal requests) while it pipelines.
+PIPELINED_READ_BYTES = 16 * 1024
+# A request must be complete this long after its first byte arrived, else the connection
+# closes (a trickle of bytes would otherwise keep it open forever: every byte is
+# activity). Generous: a 100 MiB frame at 1 MB/s fits; clients time out requests after
+# 30 s by default anyway.
+REQUEST_DEADLINE_S = 120.0
 
 HostPort = tuple[str, int]
 Observer = Callable[["ConnectionInfo", Iterable[Event]], None]
@@ -57,6 +88,7 @@ class ConnectionInfo:
     upstream: HostPort
     node_id: int | None           # upstream node, when the listener is a broker's
     opened: float | None = None   # wall clock (time.time()) when kproxy accepted the client
+    principal: str | None = None  # the client certificate's subject, when TLS verified one
 
 
 @dataclass
@@ -74,6 +106,146 @@ class RelayPolicy:
     upstream_check_hostname: bool = True
 
 
+# sys.getrefcount of an arena's buffer inside ``ReadArena.room`` when nothing else holds
+# it: the attribute, the local name, the call's argument.
+_UNSHARED_REFS = 3
+
+
+class ReadArena:
+    """Where reads land: one buffer for every connection of a listener (one event loop).
+
+    A read gets the free end of the buffer; its bytes are handed on as a
+    ``memoryview`` of it, which the tracker copies what it keeps of and a
+    transport may keep while it cannot send them yet. The buffer is reused
+    from the start as soon as nothing refers to it any more (the usual case:
+    the other socket took the bytes at once), else the next read goes after
+    the last one, and a fresh buffer is started when too little is left: bytes
+    are never overwritten while anything can still see them, and never copied
+    to keep them safe. The loop calls ``get_buffer``/``buffer_updated`` of one
+    read back to back, so reads of different connections never interleave.
+    """
+
+    __slots__ = ("_buffer", "_offset")
+
+    def __init__(self):
+        self._buffer: bytearray | None = None
+        self._offset = 0
+
+    def room(self) -> memoryview:
+        buffer = self._buffer
+        if buffer is not None and sys.getrefcount(buffer) == _UNSHARED_REFS:
+            self._offset = 0                     # nobody can see earlier reads any more
+        elif buffer is None or len(buffer) - self._offset < MIN_READ_ROOM:
+            buffer = self._buffer = bytearray(READ_CHUNK)
+            self._offset = 0
+        return memoryview(buffer)[self._offset:]
+
+    def filled(self, nbytes: int) -> None:
+        self._offset += nbytes
+
+
+class Endpoint(asyncio.BufferedProtocol):
+    """One socket of a proxied connection (the client's or the broker's)."""
+
+    def __init__(self, arena: ReadArena, side: str, on_accept=None):
+        self.arena = arena
+        self.side = side                         # "client" or "broker"
+        self.relay: Relay | None = None          # set once both sockets are up
+        self.transport: asyncio.Transport | None = None
+        self.peer: Endpoint | None = None        # the other socket, once linked
+        self.task: asyncio.Task | None = None    # the accepted client's handler
+        self.lost = False
+        self._on_accept = on_accept
+        self._room: memoryview | None = None
+        self.read_limit = READ_CHUNK             # most bytes one read may take
+        self._paused_for: set[str] = set()
+        self._early: list[bytes] = []            # client bytes read before the relay was linked
+        self._early_eof = False
+
+    # ------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        if self._on_accept is not None:
+            self.task = asyncio.get_running_loop().create_task(self._on_accept(self))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        room = self.arena.room()
+        if len(room) > self.read_limit:
+            room = room[:self.read_limit]
+        self._room = room
+        return room
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = self._room[:nbytes]
+        self._room = None
+        self.arena.filled(nbytes)
+        relay = self.relay
+        if relay is None:                        # still connecting upstream: keep it, stop reading
+            self._early.append(bytes(data))
+            self.pause("connecting")
+            return
+        relay.received(self, data)
+
+    def eof_received(self) -> bool:
+        if self.relay is None:
+            self._early_eof = True
+            return True
+        return self.relay.eof(self)
+
+    def connection_lost(self, exc) -> None:
+        self.lost = True
+        self._room = None
+        if self.relay is not None:
+            self.relay.finish(f"socket error: {exc}" if exc else f"{self.side} closed")
+
+    def pause_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.pause("backpressure")
+
+    def resume_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.resume("backpressure")
+
+    # ------------------------------------------------------------ for the relay and server
+
+    def pause(self, why: str) -> None:
+        """Stop reading this socket (until every reason given is withdrawn)."""
+        if not self._paused_for and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._paused_for.add(why)
+
+    def resume(self, why: str) -> None:
+        if why not in self._paused_for:
+            return
+        self._paused_for.discard(why)
+        if not self._paused_for and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def get_extra_info(self, name: str, default=None):
+        return self.transport.get_extra_info(name, default) if self.transport is not None else default
+
+    def closing(self) -> bool:
+        return self.lost or self.transport is None or self.transport.is_closing()
+
+    def close(self) -> None:
+        """Close gracefully: what is already written is still sent."""
+        if self.transport is not None:
+            self.transport.close()
+
+    def link(self, relay: "Relay", peer: "Endpoint") -> None:
+        """Both sockets are up: from now on bytes go to ``relay`` (early ones first)."""
+        self.relay, self.peer = relay, peer
+        early, self._early = self._early, []
+        for data in early:
+            if relay.close_reason is not None:
+                return
+            relay.received(self, data)
+        if self._early_eof and relay.close_reason is None and not relay.eof(self):
+            self.close()
+        self.resume("connecting")
+
+
 @dataclass(eq=False)
 class Relay:
     """Live state of one proxied connection (for limits, idle reaping and shutdown)."""
@@ -89,7 +261,13 @@ class Relay:
     bytes_to_client: int = 0           # differs from bytes_from_broker where responses were rewritten
     client_done_sending: bool = False  # the client half-closed: deliver what is in flight, then close
     close_reason: str | None = None
-    writers: list = field(default_factory=list)
+    client: Endpoint | None = None
+    broker: Endpoint | None = None
+    observers: list = field(default_factory=list)
+    done: asyncio.Future | None = None   # set by finish(); run_relay waits on it
+    # Events not yet given to observers (more than a step's worth came at once), in order.
+    _unobserved: deque | None = field(default=None, repr=False)
+    _request_deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     @property
     def in_flight(self) -> int:
@@ -97,17 +275,146 @@ class Relay:
 
     def stop_reading_requests(self) -> None:
         """Shutdown has begun: take no new requests from the client; answers still flow."""
-        if self.writers:
-            self.writers[0].transport.pause_reading()
+        if self.client is not None:
+            self.client.pause("shutting down")
 
     def close(self, reason: str) -> None:
         """Close both sockets now (idle timeout, shutdown, limits)."""
+        self.finish(reason)
+        if self.done is None and self.task is not None:
+            self.task.cancel()                   # still connecting upstream
+
+    def finish(self, reason: str) -> None:
+        """The one place a connection ends: keep the first reason, close both sockets
+        (gracefully: bytes already written are still sent), wake ``run_relay``."""
         if self.close_reason is None:
             self.close_reason = reason
-        for writer in self.writers:
-            writer.close()
-        if self.task is not None:
-            self.task.cancel()
+        if self._request_deadline is not None:
+            self._request_deadline.cancel()
+            self._request_deadline = None
+        for endpoint in (self.client, self.broker):
+            if endpoint is not None:
+                endpoint.close()
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    # ------------------------------------------------------------ bytes (called by Endpoint)
+
+    def received(self, endpoint: Endpoint, data: memoryview) -> None:
+        if self.close_reason is not None:
+            return
+        try:
+            if endpoint is self.client:
+                self._from_client(data)
+            else:
+                self._from_broker(data)
+        except Exception as exc:                 # noqa: BLE001 - a bug must close one connection, not the loop
+            log.exception("conn=%d relaying failed", self.info.id if self.info else 0)
+            self.finish(f"internal error: {type(exc).__name__}: {exc}")
+
+    def _from_client(self, data: memoryview) -> None:
+        try:
+            # Framed before forwarding (cheap: decoding is lazy) so that an oversized or
+            # negative size prefix, or a request whose answer cannot be predicted, closes
+            # the connection before the broker sees any of it.
+            events = self.tracker.receive_client(data)
+        except ProtocolViolation as exc:
+            reply = getattr(exc, "reply", b"")      # e.g. a TLS alert: tell the client why
+            if reply:
+                self.client.transport.write(reply)
+            self.finish(str(exc))
+            return
+        self.broker.transport.write(data)
+        self.bytes_from_client += len(data)
+        self.last_active = time.monotonic()
+        tracker = self.tracker
+        client = self.client
+        if tracker.in_flight >= MAX_IN_FLIGHT_PER_CONNECTION:
+            client.pause("requests in flight")
+        client.read_limit = PIPELINED_READ_BYTES if len(events) > OBSERVER_EVENTS_PER_STEP else READ_CHUNK
+        partial = tracker.client_partial
+        if self._request_deadline is not None and (events or not partial):
+            self._request_deadline.cancel()
+            self._request_deadline = None
+        if partial and self._request_deadline is None:
+            self._request_deadline = asyncio.get_running_loop().call_later(
+                REQUEST_DEADLINE_S, self.finish,
+                f"request not complete {REQUEST_DEADLINE_S:g}s after its first byte")
+        if events:
+            self._observe(events)
+
+    def _from_broker(self, data: memoryview) -> None:
+        self.bytes_from_broker += len(data)
+        self.last_active = time.monotonic()
+        tracker = self.tracker
+        try:
+            events, out = tracker.relay_broker(data)
+        except ProtocolViolation as exc:
+            self.finish(str(exc))
+            return
+        except RewriteFailed as exc:
+            self.finish(f"rewrite failed, closing rather than leak an address: {exc}")
+            return
+        transport = self.client.transport
+        if len(out) == 1:
+            transport.write(out[0])
+            self.bytes_to_client += len(out[0])
+        elif out:
+            transport.writelines(out)
+            self.bytes_to_client += sum(len(chunk) for chunk in out)
+        if tracker.in_flight < MAX_IN_FLIGHT_PER_CONNECTION:
+            self.client.resume("requests in flight")
+        if events:
+            self._observe(events)
+        if self.client_done_sending and not tracker.in_flight:
+            self.finish("client closed, its answers delivered")
+
+    def _observe(self, events: list) -> None:
+        """Give events to the observers: at once, or a step per turn of the loop if many."""
+        if self._unobserved is None:
+            if len(events) <= OBSERVER_EVENTS_PER_STEP:
+                _notify(self.observers, self.info, events)
+                return
+            self._unobserved = deque()
+            self.client.pause("observers catching up")
+            self._unobserved.extend(events)
+            self._observe_step()
+        else:
+            self._unobserved.extend(events)
+
+    def _observe_step(self) -> None:
+        unobserved = self._unobserved
+        if unobserved is None:
+            return
+        step = [unobserved.popleft() for _ in range(min(len(unobserved), OBSERVER_EVENTS_PER_STEP))]
+        _notify(self.observers, self.info, step)
+        if unobserved:
+            asyncio.get_running_loop().call_soon(self._observe_step)
+            return
+        self._unobserved = None
+        self.client.resume("observers catching up")
+
+    def observe_the_rest(self) -> None:
+        """The connection ended: observers get every event before they hear of the close."""
+        unobserved, self._unobserved = self._unobserved, None
+        if unobserved:
+            _notify(self.observers, self.info, list(unobserved))
+
+    def eof(self, endpoint: Endpoint) -> bool:
+        """A side shut down its sending half; True keeps the socket open for writing."""
+        if self.close_reason is not None:
+            return False
+        if endpoint is self.broker:
+            self.finish("broker closed")
+            return False
+        self.client_done_sending = True
+        broker = self.broker.transport
+        if broker.can_write_eof():
+            broker.write_eof()
+        if not self.in_flight:
+            self.finish("client closed")
+            return False
+        return True                              # answers still come
 
 
 _failed_observers: set[int] = set()
@@ -139,58 +446,8 @@ def _notify(observers: list[Observer], info: ConnectionInfo, events: list[Event]
                 log.exception("observer %r failed; its further failures are not logged", observer)
 
 
-async def _client_to_broker(relay: Relay, reader, writer, observers) -> str:
-    tracker = relay.tracker
-    while True:
-        data = await reader.read(READ_CHUNK)
-        if not data:
-            relay.client_done_sending = True
-            if writer.can_write_eof():
-                writer.write_eof()
-            return "client closed"
-        try:
-            # Framed before forwarding (cheap: decoding is lazy) so that an oversized or
-            # negative size prefix, or a request whose answer cannot be predicted, closes
-            # the connection before the broker sees any of it.
-            events = tracker.receive_client(data)
-        except ProtocolViolation as exc:
-            return str(exc)
-        writer.write(data)
-        relay.bytes_from_client += len(data)
-        relay.last_active = time.monotonic()
-        if events:
-            _notify(observers, relay.info, events)
-        await writer.drain()
-
-
-async def _broker_to_client(relay: Relay, reader, writer, observers) -> str:
-    tracker = relay.tracker
-    while True:
-        data = await reader.read(READ_CHUNK)
-        if not data:
-            return "broker closed"
-        relay.bytes_from_broker += len(data)
-        relay.last_active = time.monotonic()
-        try:
-            events, out = tracker.relay_broker(data)
-        except ProtocolViolation as exc:
-            return str(exc)
-        except RewriteFailed as exc:
-            return f"rewrite failed, closing rather than leak an address: {exc}"
-        if len(out) == 1:
-            writer.write(out[0])
-            relay.bytes_to_client += len(out[0])
-        elif out:
-            writer.writelines(out)
-            relay.bytes_to_client += sum(len(chunk) for chunk in out)
-        if events:
-            _notify(observers, relay.info, events)
-        await writer.drain()
-        if relay.client_done_sending and not tracker.in_flight:
-            return "client closed, its answers delivered"
-
-
-async def _connect(policy: RelayPolicy) -> tuple[HostPort, asyncio.StreamReader, asyncio.StreamWriter]:
+async def _connect(policy: RelayPolicy, arena: ReadArena) -> tuple[HostPort, Endpoint]:
+    loop = asyncio.get_running_loop()
     errors = []
     for host, port in policy.upstreams():
         try:
@@ -198,72 +455,66 @@ async def _connect(policy: RelayPolicy) -> tuple[HostPort, asyncio.StreamReader,
             if policy.upstream_ssl is not None:
                 kwargs = {"ssl": policy.upstream_ssl,
                           "server_hostname": host if policy.upstream_check_hostname else None}
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, **kwargs),
-                                                    policy.connect_timeout)
-            return (host, port), reader, writer
+            _, endpoint = await asyncio.wait_for(
+                loop.create_connection(lambda: Endpoint(arena, "broker"), host, port, **kwargs),
+                policy.connect_timeout)
+            return (host, port), endpoint
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
             errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")   # timeouts have no text
     raise ConnectionError("; ".join(errors) or "no upstream address known")
 
 
-async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_writer) -> None:
+async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None:
     """Serve one accepted client connection until either side closes."""
-    peer = client_writer.get_extra_info("peername") or ("?", 0)
+    peer = client.get_extra_info("peername") or ("?", 0)
     peer = (peer[0], peer[1])
-    relay.writers.append(client_writer)
+    relay.client = client
     try:
-        upstream, broker_reader, broker_writer = await _connect(policy)
+        upstream, broker = await _connect(policy, client.arena)
     except ConnectionError as exc:
         log.warning("conn client=%s:%d listener=%s upstream unreachable: %s",
                     *peer, policy.name, exc)
         notify_hook(policy.observers, "connection_refused", policy.name, "upstream unreachable")
-        client_writer.close()
+        client.close()
         return
     except asyncio.CancelledError:
         # Closed (shutdown, idle) while still connecting. End normally: a connection
         # handler that ends cancelled makes asyncio log a traceback as an error.
         log.info("conn client=%s:%d listener=%s closed while connecting upstream: %s",
                  *peer, policy.name, relay.close_reason or "cancelled")
-        client_writer.close()
+        client.close()
         return
-    relay.writers.append(broker_writer)
-    gone = next((side for side, w in (("client", client_writer), ("broker", broker_writer))
-                 if w.transport.is_closing()), None)
-    if gone is not None:
+    relay.broker = broker
+    gone = next((e.side for e in (client, broker) if e.closing()), None)
+    if gone is not None or relay.close_reason is not None:
         # Typically a client that connected and reset at once, while kproxy was still
         # connecting upstream: its transport is already closed and cannot be set up.
         log.info("conn client=%s:%d listener=%s upstream=%s:%d %s closed while connecting upstream",
-                 *peer, policy.name, *upstream, gone)
-        for w in relay.writers:
-            w.close()
+                 *peer, policy.name, *upstream, gone or relay.close_reason)
+        client.close()
+        broker.close()
         return
-    relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened)
+    relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened,
+                                certificate_subject(client.get_extra_info("peercert")))
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
                                transform=policy.transform)
-    for w in (client_writer, broker_writer):
-        w.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+    relay.observers = policy.observers
+    for endpoint in (client, broker):
+        endpoint.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
     log.info("conn=%d open client=%s:%d listener=%s upstream=%s:%d",
              relay.info.id, *peer, policy.name, *upstream)
     notify_hook(policy.observers, "connection_opened", relay.info)
-    client_pump = asyncio.create_task(_client_to_broker(relay, client_reader, broker_writer, policy.observers))
-    broker_pump = asyncio.create_task(_broker_to_client(relay, broker_reader, client_writer, policy.observers))
-    reason = "cancelled"
+    relay.done = asyncio.get_running_loop().create_future()
+    broker.link(relay, client)
+    client.link(relay, broker)
     try:
-        done, _ = await asyncio.wait((client_pump, broker_pump), return_when=asyncio.FIRST_COMPLETED)
-        if broker_pump not in done and relay.client_done_sending and relay.in_flight:
-            reason = await broker_pump           # half-closed: the answers still come
-        else:
-            reason = next(iter(done)).result()
+        await relay.done
     except asyncio.CancelledError:
-        reason = relay.close_reason or "cancelled"
-    except (ConnectionError, OSError, ssl.SSLError) as exc:
-        reason = f"socket error: {exc}"
+        relay.finish("cancelled")
     finally:
-        for task in (client_pump, broker_pump):
-            task.cancel()
-        for w in relay.writers:
-            w.close()
-        reason = relay.close_reason or reason
+        relay.finish("cancelled")                # a no-op unless something above raised
+        relay.observe_the_rest()
+        reason = relay.close_reason
         log.info("conn=%d close client=%s:%d reason=%s bytes_client_to_broker=%d "
                  "bytes_broker_to_client=%d bytes_to_client=%d in_flight=%d",
                  relay.info.id, *peer, reason, relay.bytes_from_client,
@@ -272,13 +523,23 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client_reader, client_wri
                     in_flight=relay.in_flight)
 
 
+async def serve_relays(handler: Callable[[Endpoint], object], sock=None, host=None, port=None,
+                       ssl: ssl.SSLContext | None = None, backlog: int = 100) -> asyncio.Server:
+    """``asyncio.start_server`` for relays: ``handler(client)`` runs as a task per accepted
+    client, ``client`` being its ``Endpoint`` (reading paused until the relay links it)."""
+    arena = ReadArena()
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(lambda: Endpoint(arena, "client", handler), host, port,
+                                    sock=sock, ssl=ssl, backlog=backlog)
+
+
 async def start_relay(listen: HostPort, upstream: HostPort, observers: Iterable[Observer] = (),
                       max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> asyncio.Server:
     """A plain observing relay to one upstream: no rewriting (for tools and tests)."""
     policy = RelayPolicy("relay", None, lambda: [upstream], list(observers),
                          max_frame_size=max_frame_size)
 
-    async def handle(reader, writer):
-        await run_relay(Relay(), policy, reader, writer)
+    async def handle(client):
+        await run_relay(Relay(), policy, client)
 
-    return await asyncio.start_server(handle, *listen)
+    return await serve_relays(handle, host=listen[0], port=listen[1])

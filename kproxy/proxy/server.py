@@ -15,6 +15,22 @@ address-bearing response goes through:
 - sidecar: one listener in front of the local broker; every node is
   advertised at a templated host and a rule-derived port, so the sidecars
   of all brokers hand out the same addresses without talking to each other.
+
+Routing ``sni`` (either mode) replaces the ports with names: every node is
+advertised at ``sni_host_template``'s name for it, on the one TLS listener's
+port, and the server name each client sends in its handshake picks the node
+(``sni.NodeNames.route``); the bootstrap name picks any upstream, an unknown
+name (or none) ends the handshake before kproxy's certificate is sent, with a
+log line within a budget and ``kproxy_sni_refused_total``. (OpenSSL queues an
+``unrecognized_name`` alert, but asyncio closes without flushing it: clients
+see the connection closed during the handshake.) No broker listener is ever
+opened, so nothing is withheld; a node that joins the cluster is reachable at
+its name the moment a response names it, and a name kproxy's certificate does
+not cover is logged once. A sidecar checks the name and always reaches its
+own broker (DNS or the load balancer sends each name to its sidecar); once it
+knows its broker's node id (Metadata lists the node at the sidecar's upstream
+address) it also refuses other nodes' names, which would otherwise reach the
+wrong broker.
 """
 
 from __future__ import annotations
@@ -29,12 +45,15 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..config import Config
-from ..protocol import DecodeError, encode_response
-from ..protocol.connection import RequestReceived, ResponseReceived
-from .relay import HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay
+from ..protocol import DecodeError, Request, decode_response, encode_request, encode_response, new_body
+from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseReceived
+from ..protocol.tls_failures import HANDSHAKE_FAILURES
+from .relay import (HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
+                    serve_relays)
 from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
                       withhold_nodes)
-from .tls import client_context, server_context
+from .sni import BOOTSTRAP, certificate_covers
+from .tls import certificate_names, client_context, server_context
 
 log = logging.getLogger("kproxy.server")
 
@@ -57,12 +76,31 @@ CLOSE_GRACE_S = 2.0               # closed sockets' handlers finish in milliseco
 # next line that is, and metrics count every failure.
 DECODE_LOG_INTERVAL_S = 60.0
 DECODE_LOG_KINDS_PER_INTERVAL = 10
+# Connections closed for a misconfiguration (TLS or HTTP on a Kafka port, ...): one WARNING per
+# (cause, client host) per interval, at most this many per interval; each close also has its
+# INFO line, and kproxy_connections_closed_total{reason} counts them all.
+MISCONFIGURATION_LOG_INTERVAL_S = 60.0
+MISCONFIGURATION_LOG_KINDS_PER_INTERVAL = 20
 # A broker listener that cannot be bound is tried again after this, doubling each time up
 # to the cap: a port freed by another process is picked up within BIND_RETRY_MAX_S, and
 # one bind attempt per node every few seconds costs nothing.
 BIND_RETRY_FIRST_S = 0.25
 BIND_RETRY_MAX_S = 5.0
 OS_CHOSEN_PORT = 0                # broker_port_base 0: the OS picks each broker listener's port
+# Refused server names (SNI routing) are logged like decode failures: each name once per
+# interval, at most this many names per interval (a scanner trying names cannot flood the
+# log); kproxy_sni_refused_total counts every refusal.
+SNI_LOG_INTERVAL_S = 60.0
+SNI_LOG_NAMES_PER_INTERVAL = 5
+ROUTE_ATTRIBUTE = "kproxy_route"  # set on each handshake's SSLObject: BOOTSTRAP or a node id
+# A client may name a node this kproxy has not yet seen in any response (another replica
+# behind the same load balancer answered its Metadata, or this one restarted): kproxy
+# then asks the cluster itself, with a Metadata request for no topics at a version every
+# Kafka from 2.4 to 4.x answers (4.0 removed only v0-3), at most once per interval
+# however many clients wait.
+DISCOVERY_METADATA_VERSION = 9
+DISCOVERY_MIN_INTERVAL_S = 1.0
+DISCOVERY_CLIENT_ID = "kproxy-sni-discovery"
 
 
 @dataclass(eq=False)
@@ -89,7 +127,7 @@ class Proxy:
 
     def __init__(self, config: Config, observers: Iterable[Observer] = ()):
         self.config = config
-        self.observers: list[Observer] = [*observers, self._log_decode_failures]
+        self.observers: list[Observer] = [*observers, self._log_decode_failures, MisconfigurationLog()]
         self.relays: set[Relay] = set()
         self.upstream_of: dict[int, HostPort] = {}         # node id -> real broker address
         self.listeners: dict[str, asyncio.Server] = {}     # "bootstrap" / "broker-<id>"
@@ -97,9 +135,23 @@ class Proxy:
         self.bound_ports: dict[int, int] = {}              # node id -> port its listener is bound to
         self.unbound: dict[int, UnboundListener] = {}      # node id -> listener that cannot bind
         self._bootstrap_cycle = itertools.cycle(range(len(config.upstreams)))
-        self._server_ssl = server_context(config.tls_server) if config.tls_server else None
+        self.sni_names = config.sni_names                  # None unless routing = "sni"
+        self._sni_log = LogBudget(SNI_LOG_INTERVAL_S, SNI_LOG_NAMES_PER_INTERVAL)
+        self._sni_policies: dict[object, RelayPolicy] = {}  # BOOTSTRAP / node id -> policy
+        self._discovery_lock = asyncio.Lock()
+        self._discovered_at = float("-inf")
+        self._discovery_log = LogBudget(SNI_LOG_INTERVAL_S, 1)
+        self._certificate_names = certificate_names(config.tls_server.cert_file) \
+            if self.sni_names is not None else None
+        self._names_checked: set[int] = set()       # node ids whose name was checked against it
+        self.local_node: int | None = None          # sidecar: its broker's node id, once known
+        self._server_ssl = server_context(
+            config.tls_server, self._on_server_name if self.sni_names else None,
+            self._tls_handshake_failed) if config.tls_server else None
+        self._tls_log = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL)
         self._client_ssl = client_context(config.tls_client) if config.tls_client else None
         self._reaper: asyncio.Task | None = None
+        self._listen_port = config.listen[1]      # as bound, once started (0: OS-chosen)
         self._opening: set[str] = set()
         self._decode_log = LogBudget(DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL)
         self.rejected_connections = 0
@@ -128,14 +180,41 @@ class Proxy:
             return self.broker_ports[node_id]
         return c.port_base + node_id                       # "offset", and unmapped nodes
 
+    def sni_address(self, node_id: int) -> HostPort:
+        """SNI routing: the node's name, on the one listener's port (as bound)."""
+        name = self.sni_names.name_of(node_id)
+        if node_id not in self._names_checked:
+            self._names_checked.add(node_id)
+            self._check_certificate_covers(name)
+        return name, self._listen_port
+
+    def _check_certificate_covers(self, name: str) -> None:
+        """Warn once per name kproxy advertises that its certificate is not valid for."""
+        known = self._certificate_names
+        if known is None or certificate_covers(known, name):
+            return
+        log.warning("kproxy's certificate (%s) is not valid for %s, a name it advertises (the "
+                    "certificate names %s): clients that verify host names will refuse it; use "
+                    "a wildcard *.%s or add the name to its SANs", self.config.tls_server.cert_file,
+                    name, ", ".join(known) or "nothing", name.split(".", 1)[1])
+
     def advertise(self, node_id: int, host: str, port: int) -> HostPort:
         """The AddressMapper: learn the upstream address, return the one clients get."""
         c = self.config
         if c.mode == "sidecar":
+            if self.sni_names is not None:
+                if self.local_node is None and (host.lower(), port) == (c.upstreams[0][0].lower(),
+                                                                        c.upstreams[0][1]):
+                    self.local_node = node_id
+                    log.info("this sidecar's broker is node %d (Metadata lists it at %s:%d); other "
+                             "nodes' names are refused here", node_id, host, port)
+                return self.sni_address(node_id)
             return c.advertised_host_template.format(node_id=node_id, host=host), self.port_for(node_id)
         if self.upstream_of.get(node_id) != (host, port):
             self.upstream_of[node_id] = (host, port)
             log.info("node %d is at %s:%d", node_id, host, port)
+        if self.sni_names is not None:
+            return self.sni_address(node_id)               # served by the one listener already
         self._ensure_broker_listener(node_id)
         return c.public_host, self.port_for(node_id)      # withheld later if it is not bound
 
@@ -144,7 +223,97 @@ class Proxy:
         c = self.config
         if c.mode == "sidecar":
             return self.advertise(node_id, host, port)
+        if self.sni_names is not None:
+            return self.sni_address(node_id)
         return c.public_host, self.port_for(node_id)
+
+    # ------------------------------------------------------------ SNI routing
+
+    def _on_server_name(self, ssl_object, server_name: str | None, _context) -> int | None:
+        """The handshake's SNI callback: note the route on the connection, or refuse it."""
+        route = self.sni_names.route(server_name)
+        elsewhere = isinstance(route, int) and self.local_node not in (None, route)
+        if route is not None and not elsewhere:
+            setattr(ssl_object, ROUTE_ATTRIBUTE, route)
+            return None
+        names = self.sni_names
+        if elsewhere:
+            reason = "other_node"
+            said = (f"server name {server_name!r} is node {route}'s, but this sidecar's broker is "
+                    f"node {self.local_node}: DNS or the load balancer sends it to the wrong sidecar")
+        elif server_name:
+            reason = "unknown_name"
+            said = (f"server name {server_name!r} is neither the bootstrap name {names.bootstrap!r} "
+                    f"nor a broker name like {names.name_of(1)!r}")
+        else:
+            reason = "no_name"
+            said = "no server name (SNI) was sent: clients must connect by name, not address"
+        notify_hook(self.observers, "sni_refused", reason)
+        unlogged = self._sni_log.admit(server_name)
+        if unlogged is not None:
+            log.warning("refusing a TLS connection: %s (the same again within %gs is not logged%s; "
+                        "see kproxy_sni_refused_total)", said, SNI_LOG_INTERVAL_S,
+                        f"; {unlogged} earlier refusals were not logged" if unlogged else "")
+        return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+
+    def _routed(self, policy: RelayPolicy, client) -> RelayPolicy | None:
+        """The policy for one accepted connection: the listener's, or (SNI gateway) the
+        one its server name picked. None if it has no route (never expected)."""
+        if self.sni_names is None or self.config.mode == "sidecar":
+            return policy
+        ssl_object = client.get_extra_info("ssl_object")
+        route = getattr(ssl_object, ROUTE_ATTRIBUTE, None)
+        if route is None:
+            return None
+        if route == BOOTSTRAP:
+            return policy
+        if route not in self._sni_policies:
+            self._sni_policies[route] = self._policy(f"broker-{route}", route)
+        return self._sni_policies[route]
+
+    async def _learn_brokers(self) -> None:
+        """Learn every broker's address from a Metadata request of kproxy's own."""
+        async with self._discovery_lock:
+            if time.monotonic() - self._discovered_at < DISCOVERY_MIN_INTERVAL_S:
+                return
+            self._discovered_at = time.monotonic()
+            errors = []
+            for host, port in self._bootstrap_candidates():
+                try:
+                    brokers = await asyncio.wait_for(self._metadata_brokers(host, port),
+                                                     self.config.connect_timeout)
+                except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError,
+                        DecodeError, ValueError) as exc:
+                    errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")
+                    continue
+                for node_id, broker_host, broker_port in brokers:
+                    self.advertise(node_id, broker_host, broker_port)
+                return
+            unlogged = self._discovery_log.admit("discovery")
+            if unlogged is not None:
+                log.warning("cannot ask the cluster where its brokers are (%s); a client naming a "
+                            "node kproxy has not seen in a response is refused until it has (not "
+                            "logged again within %gs%s)", "; ".join(errors), SNI_LOG_INTERVAL_S,
+                            f"; {unlogged} earlier failures were not logged" if unlogged else "")
+
+    async def _metadata_brokers(self, host: str, port: int) -> list[tuple[int, str, int]]:
+        c, version = self.config, DISCOVERY_METADATA_VERSION
+        kwargs = {}
+        if self._client_ssl is not None:
+            kwargs = {"ssl": self._client_ssl,
+                      "server_hostname": host if c.tls_client.check_hostname else None}
+        reader, writer = await asyncio.open_connection(host, port, **kwargs)
+        try:
+            frame = encode_request(Request(METADATA_KEY, version, 1, DISCOVERY_CLIENT_ID,
+                                           new_body("request", METADATA_KEY, version, topics=[])))
+            writer.write(len(frame).to_bytes(4, "big") + frame)
+            size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
+            if not 0 < size <= c.max_frame_size:
+                raise ValueError(f"a Metadata response of {size} bytes")
+            response = decode_response(await reader.readexactly(size), METADATA_KEY, version)
+            return node_addresses(METADATA_KEY, version, response.body)
+        finally:
+            writer.close()
 
     # ------------------------------------------------------------ rewriting
 
@@ -202,24 +371,37 @@ class Proxy:
         first = next(self._bootstrap_cycle)
         return [ups[(first + i) % len(ups)] for i in range(len(ups))]
 
-    def _handler(self, policy: RelayPolicy):
-        async def handle(reader, writer):
+    def _handler(self, listener_policy: RelayPolicy):
+        async def handle(client):
+            policy = self._routed(listener_policy, client)
+            if policy is None:
+                log.error("refusing a connection on %s: its TLS handshake chose no route",
+                          listener_policy.name)
+                client.close()
+                return
             if self.stopping:                # accepted just before the listener closed
                 notify_hook(self.observers, "connection_refused", policy.name, "shutting down")
-                writer.close()
+                client.close()
                 return
             if len(self.relays) >= self.config.max_connections:
                 self.rejected_connections += 1
-                peer = writer.get_extra_info("peername")
+                peer = client.get_extra_info("peername")
                 log.warning("refusing connection from %s on %s: max_connections (%d) reached",
                             peer, policy.name, self.config.max_connections)
                 notify_hook(self.observers, "connection_refused", policy.name, "max_connections")
-                writer.close()
+                client.close()
                 return
             relay = Relay(task=asyncio.current_task())
             self.relays.add(relay)
             try:
-                await run_relay(relay, policy, reader, writer)
+                if policy.node_id is not None and self.sni_names is not None \
+                        and policy.node_id not in self.upstream_of:
+                    try:
+                        await self._learn_brokers()
+                    except asyncio.CancelledError:      # shutdown: end normally, not cancelled
+                        client.close()
+                        return
+                await run_relay(relay, policy, client)
             finally:
                 self.relays.discard(relay)
                 closed = self._closed_traffic
@@ -230,8 +412,8 @@ class Proxy:
         return handle
 
     async def _serve(self, name: str, policy: RelayPolicy, sock: socket.socket) -> None:
-        server = await asyncio.start_server(self._handler(policy), sock=sock,
-                                            ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
+        server = await serve_relays(self._handler(policy), sock=sock,
+                                    ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
         if self.stopping:            # bound by a retry as shutdown began: never serve it
             server.close()
             return
@@ -316,6 +498,8 @@ class Proxy:
 
     def broker_addresses(self) -> dict[int, HostPort]:
         """node id -> the address clients are handed for it (gateway; bound listeners only)."""
+        if self.sni_names is not None:
+            return {node_id: self.sni_address(node_id) for node_id in list(self.upstream_of)}
         return {node_id: (self.config.public_host, port)
                 for node_id, port in list(self.bound_ports.items())}
 
@@ -365,11 +549,17 @@ class Proxy:
         except OSError as exc:      # nothing is served yet: fail at start, naming the address
             raise OSError(f"cannot listen on {c.listen[0]}:{c.listen[1]}: "
                           f"{exc.strerror or exc}") from None
+        self._listen_port = sock.getsockname()[1]
         await self._serve("bootstrap", policy, sock)
         self._reaper = asyncio.get_running_loop().create_task(self._reap_idle())
         self.started = True
         log.info("kproxy %s listening on %s:%d, upstream %s", c.mode, *self.bootstrap_address,
                  ",".join(f"{h}:{p}" for h, p in c.upstreams))
+        if self.sni_names is not None:
+            self._check_certificate_covers(self.sni_names.bootstrap)
+            log.info("routing by TLS server name: %s%s and %s (node 1), all on port %d",
+                     self.sni_names.bootstrap, "" if c.mode == "gateway" else " (this sidecar's broker)",
+                     self.sni_names.name_of(1), self.bootstrap_address[1])
 
     async def _reap_idle(self) -> None:
         timeout = self.config.idle_timeout
@@ -420,6 +610,15 @@ class Proxy:
 
     # ------------------------------------------------------------ logging
 
+    def _tls_handshake_failed(self, cause: str, error) -> None:
+        """A client's TLS handshake failed (before any handler: no address is known here)."""
+        notify_hook(self.observers, "tls_handshake_failed", cause)
+        unlogged = self._tls_log.admit(cause)
+        if unlogged is not None:
+            log.warning("TLS handshake with a client failed: %s (%s)%s", HANDSHAKE_FAILURES[cause],
+                        getattr(error, "reason", None) or error,
+                        f" ({unlogged} earlier failures were not logged)" if unlogged else "")
+
     def _log_decode_failures(self, info, events) -> None:
         """Decode failures, logged within ``self._decode_log``'s budget."""
         for event in events:
@@ -439,6 +638,26 @@ class Proxy:
                         "see kproxy_decode_failures_total)", name, event.api_version, direction,
                         error, DECODE_LOG_INTERVAL_S,
                         f"; {unlogged} earlier failures were not logged" if unlogged else "")
+
+
+class MisconfigurationLog:
+    """An observer: closes whose reason names a misconfiguration get a WARNING that says
+    what is wrong and how to fix it (the reason is that sentence), within a LogBudget."""
+
+    def __init__(self, clock=time.monotonic):
+        self.budget = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL, clock)
+
+    def __call__(self, info, events) -> None:
+        pass
+
+    def connection_closed(self, info, reason: str = "", in_flight: int = 0) -> None:
+        cause = next((c for c, phrase in WRONG_PROTOCOLS.items() if reason.startswith(phrase)), None)
+        if cause is None:
+            return
+        unlogged = self.budget.admit((cause, info.client[0]))
+        if unlogged is not None:
+            log.warning("%s:%d on %s: %s%s", *info.client, info.listener, reason,
+                        f" ({unlogged} earlier misconfigured connections were not logged)" if unlogged else "")
 
 
 class LogBudget:

@@ -8,19 +8,98 @@ TLS, it sees plaintext and can decode and capture what the wire hides.
 from __future__ import annotations
 
 import ssl
+from typing import Callable
 
 from ..config import TLSClient, TLSServer
+from ..protocol.connection import TLS_HANDSHAKE_FAILURE_ALERT
+from ..protocol.tls_failures import handshake_failure
 
 
-def server_context(tls: TLSServer) -> ssl.SSLContext:
-    """For listeners: kproxy's certificate, and client-certificate checks if a CA is given."""
+def _watching(on_failure: Callable[[str, ssl.SSLError], None]) -> type:
+    """An SSLObject class that reports failed server-side handshakes (asyncio otherwise drops
+    them silently: they happen before any connection handler runs) and lets the client hear
+    OpenSSL's alert: asyncio and uvloop close at once on a handshake error, without sending
+    the alert OpenSSL wrote, so a client is left guessing (a Java client retries for a minute).
+    The first failure is reported as "need more data", which makes the event loop send what
+    OpenSSL wrote (or a handshake_failure alert if it wrote nothing, as for a client not
+    speaking TLS at all); the client, told, closes; if it sends anything instead, the error is raised
+    then (and ``ssl_handshake_timeout`` bounds a client that does neither)."""
+
+    class WatchedSSLObject(ssl.SSLObject):
+        @classmethod
+        def _create(cls, incoming, outgoing, *args, **kwargs):
+            obj = super()._create(incoming, outgoing, *args, **kwargs)
+            obj._kproxy_incoming, obj._kproxy_outgoing = incoming, outgoing
+            obj._kproxy_first = obj._kproxy_failed = None
+            return obj
+
+        def do_handshake(self):
+            if self._kproxy_failed is not None:
+                raise self._kproxy_failed
+            if self._kproxy_first is None and self._kproxy_incoming.pending:
+                data = self._kproxy_incoming.read()     # peek: read all, put it back unchanged
+                self._kproxy_incoming.write(data)
+                self._kproxy_first = data[0]
+            try:
+                return super().do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                raise
+            except ssl.SSLError as exc:
+                on_failure(handshake_failure(getattr(exc, "reason", None), self._kproxy_first), exc)
+                self._kproxy_failed = exc
+                if not self._kproxy_outgoing.pending:    # OpenSSL wrote none (not TLS at all)
+                    self._kproxy_outgoing.write(TLS_HANDSHAKE_FAILURE_ALERT)
+                raise ssl.SSLWantReadError("handshake failed; sending the alert first") from exc
+
+    return WatchedSSLObject
+
+
+def server_context(tls: TLSServer, sni_callback=None,
+                   on_handshake_failure: Callable[[str, ssl.SSLError], None] | None = None
+                   ) -> ssl.SSLContext:
+    """For listeners: kproxy's certificate, and client-certificate checks if a CA is given.
+
+    ``sni_callback(ssl_object, server_name, context)`` (SNI routing) runs during each
+    handshake, before the certificate is sent; returning an ``ssl.ALERT_DESCRIPTION_*``
+    ends the handshake with that alert. ``on_handshake_failure(cause, error)`` hears of
+    every client handshake that fails.
+    """
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.sni_callback = sni_callback
+    if on_handshake_failure is not None:
+        ctx.sslobject_class = _watching(on_handshake_failure)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(tls.cert_file, tls.key_file)
     if tls.client_ca_file:
         ctx.load_verify_locations(tls.client_ca_file)
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
+
+
+# Attribute names as Kafka's default principal builder prints them (X500Principal, RFC 2253).
+SUBJECT_KEYS = {"commonName": "CN", "organizationalUnitName": "OU", "organizationName": "O",
+                "localityName": "L", "stateOrProvinceName": "ST", "countryName": "C",
+                "streetAddress": "STREET", "domainComponent": "DC", "userId": "UID"}
+
+
+def certificate_subject(peercert: dict | None) -> str | None:
+    """A verified client certificate's subject, written as Kafka names an mTLS principal
+    (``CN=alice,O=Example,C=DE``: most specific first); None without a certificate."""
+    if not peercert or not peercert.get("subject"):
+        return None
+    rdns = []
+    for rdn in reversed(peercert["subject"]):
+        rdns.append("+".join(f"{SUBJECT_KEYS.get(key, key)}={_escape(value)}" for key, value in rdn))
+    return ",".join(rdns)
+
+
+def _escape(value: str) -> str:
+    value = "".join("\\" + c if c in ',+"\\<>;' else c for c in value)
+    if value[:1] in (" ", "#"):
+        value = "\\" + value
+    if value.endswith(" "):
+        value = value[:-1] + "\\ "
+    return value
 
 
 def client_context(tls: TLSClient) -> ssl.SSLContext:
@@ -31,3 +110,16 @@ def client_context(tls: TLSClient) -> ssl.SSLContext:
     if tls.cert_file:
         ctx.load_cert_chain(tls.cert_file, tls.key_file)
     return ctx
+
+
+def certificate_names(cert_file: str) -> list[str] | None:
+    """The DNS names a PEM certificate is for (its SANs, else its common name); None if
+    they cannot be read (the check that uses them is then skipped, never fatal)."""
+    try:       # the ssl module reads certificates only through this helper (no public API)
+        decoded = ssl._ssl._test_decode_cert(cert_file)
+    except (AttributeError, OSError, ssl.SSLError, ValueError):
+        return None
+    sans = [value for kind, value in decoded.get("subjectAltName", ()) if kind == "DNS"]
+    if sans:
+        return sans
+    return [value for rdn in decoded.get("subject", ()) for key, value in rdn if key == "commonName"]

@@ -27,6 +27,7 @@ from tests.observers.test_capture import (Link, framed, produce_request, produce
 
 V2_COLUMNS = ["proxy_instance", "connection_start", "client_software_name", "client_software_version",
               "group_id", "member_id", "generation"]
+V3_COLUMNS = ["principal"]
 OPENED = 1_700_000_000.25
 INFO = ConnectionInfo(5, ("10.0.0.5", 40000), "broker-1", ("10.0.1.1", 9092), 1, OPENED)
 
@@ -111,8 +112,9 @@ def test_group_columns_per_api(api, version, request_fields, response_fields, ex
 
 def test_other_apis_have_no_group_columns_and_every_row_the_v2_columns():
     row = row_of("Metadata", 12, dict(topics=None), dict(brokers=[], topics=[]))
-    assert list(row)[-len(V2_COLUMNS):] == V2_COLUMNS
-    assert row["capture_version"] == SCHEMA_VERSION == 2
+    assert list(row)[-len(V2_COLUMNS + V3_COLUMNS):] == V2_COLUMNS + V3_COLUMNS
+    assert row["capture_version"] == SCHEMA_VERSION == 3
+    assert row["principal"] is None                        # no client certificate, no SASL
     assert {c: row[c] for c in PAIR_COLUMNS} == dict.fromkeys(PAIR_COLUMNS)
     assert row["proxy_instance"] == "sidecar-3" and row["connection_start"] == OPENED
 
@@ -221,7 +223,7 @@ def test_group_columns_reach_jsonl_and_parquet(tmp_path):
 
 # ---------------------------------------------------------------- version 1 files still read
 
-V1_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in V2_COLUMNS],
+V1_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in V2_COLUMNS + V3_COLUMNS],
                       metadata={b"kproxy.capture.schema_version": b"1"})
 
 
@@ -284,3 +286,77 @@ def test_stats_lists_client_software_and_reads_v1_and_v2_together(tmp_path):
     assert "client software (ApiVersions v3+):" in text
     line = next(line for line in text.splitlines() if "confluent-kafka-python" in line)
     assert line.split() == ["confluent-kafka-python", "2.16.1-rdkafka-2.16.0", "3", "audit,", "orders-svc"]
+
+
+# ---------------------------------------------------------------- version 3: principal
+
+PASSWORD = b"hunter2-never-written"
+
+
+def sasl_plain(link, user, first_corr=1, accept=True, client_id="app-1"):
+    link.exchange(17, 1, first_corr, dict(mechanism="PLAIN"), dict(mechanisms=["PLAIN"]), client_id=client_id)
+    link.exchange(36, 2, first_corr + 1, dict(auth_bytes=b"\0" + user.encode() + b"\0" + PASSWORD),
+                  dict(error_code=0 if accept else 58, auth_bytes=b""), client_id=client_id)
+
+
+def test_principal_fills_the_rows_after_the_exchange_and_never_the_password(tmp_path):
+    import dataclasses
+    from tests.observers.test_capture import all_bytes
+    capture = Capture()
+    capture.start(CaptureConfig(directory=str(tmp_path), formats=("jsonl", "parquet", "pcapng")))
+    sasl = Link(capture, conn_id=1)
+    sasl_plain(sasl, "frank")
+    sasl.exchange(0, 9, 3, produce_request(), produce_response())
+    refused = Link(capture, conn_id=2)
+    sasl_plain(refused, "mallory", accept=False)
+    certified = Link(capture, conn_id=3)
+    certified.info = dataclasses.replace(certified.info, principal="CN=svc,O=Example")
+    certified.exchange(0, 9, 1, produce_request(), produce_response())
+    for link in (sasl, refused, certified):
+        link.close(capture)
+    capture.stop()
+    rows = read_jsonl(tmp_path)
+    principals = {(r["connection_id"], r["api_name"]): r["principal"] for r in rows}
+    assert principals == {(1, "SaslHandshake"): None, (1, "SaslAuthenticate"): "frank", (1, "Produce"): "frank",
+                          (2, "SaslHandshake"): None, (2, "SaslAuthenticate"): None,
+                          (3, "Produce"): "CN=svc,O=Example"}
+    table = read_parquet(tmp_path)
+    assert sorted(map(str, table.column("principal").to_pylist())) == sorted(map(str, principals.values()))
+    assert PASSWORD not in all_bytes(tmp_path)
+    out = io.StringIO()
+    s = cli.stats(str(tmp_path), fmt="parquet", out=out)
+    # produce_request() writes one batch of 3 records to "orders" (see test_capture).
+    assert s["topic_writers"] == [
+        {"topic": "orders", "principal": "CN=svc,O=Example", "pairs": 1, "records": 3},
+        {"topic": "orders", "principal": "frank", "pairs": 1, "records": 3}]
+    assert "who writes to each topic (Produce, by principal):" in out.getvalue()
+
+
+def test_principal_survives_filters_that_leave_sasl_out(tmp_path):
+    capture = Capture()
+    capture.start(CaptureConfig(directory=str(tmp_path), formats=("jsonl",), filter={"apis": ["Produce"]}))
+    link = Link(capture)
+    sasl_plain(link, "grace")
+    link.exchange(0, 9, 3, produce_request(), produce_response())
+    link.close(capture)
+    capture.stop()
+    assert [(r["api_name"], r["principal"]) for r in read_jsonl(tmp_path)] == [("Produce", "grace")]
+
+
+V2_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in V3_COLUMNS],
+                      metadata={b"kproxy.capture.schema_version": b"2"})
+
+
+def test_version_2_files_are_still_read(tmp_path):
+    rows = [dict(r, capture_version=2, proxy_instance="old", connection_start=None,
+                 client_software_name="librdkafka", client_software_version="2.6.0",
+                 group_id=None, member_id=None, generation=None) for r in v1_rows()]
+    columns = {name: [r[name] for r in rows] for name in V2_SCHEMA.names}
+    columns["time"] = [int(t * 1_000_000) for t in columns["time"]]
+    pq.write_table(pa.Table.from_pydict(columns, schema=V2_SCHEMA),
+                   tmp_path / "kproxy-capture-20231114T221320-000001.parquet")
+    out = io.StringIO()
+    assert cli.show(str(tmp_path), fmt="parquet", out=out) == 3
+    s = cli.stats(str(tmp_path), fmt="parquet", out=io.StringIO())
+    assert s["pairs"] == 3 and s["client_software"][0]["name"] == "librdkafka"
+    assert s["topic_writers"] is None                      # no principal column before v3

@@ -1,7 +1,8 @@
 """Throw-away PKI for TLS tests, made with the ``openssl`` command-line tool.
 
 One CA signs everything: a server certificate for 127.0.0.1/localhost (used by
-the broker and by kproxy's client-facing listener), a certificate for another
+the broker and by kproxy's client-facing listener), a wildcard certificate for
+SNI routing's names, a certificate for another
 name (an impostor that hostname verification must reject) and a client
 certificate (for mutual TLS). A second, unrelated CA is there to sign a client
 certificate that must *not* be accepted.
@@ -40,6 +41,7 @@ class PKI:
     impostor: Identity        # signed by the CA, but for other.example only
     client: Identity          # clientAuth, signed by the CA
     stranger: Identity        # a client certificate from an untrusted CA
+    sni: Identity             # wildcard *.kafka.kproxy.test (SNI routing's names)
 
 
 def openssl_available() -> bool:
@@ -81,6 +83,7 @@ def _issue(directory: Path, name: str, ca: tuple[Path, Path], extensions: str) -
 
 SERVER_EXT = ("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n"
               "extendedKeyUsage=serverAuth\nsubjectAltName={san}\n")
+SNI_DOMAIN = "kafka.kproxy.test"     # .test is reserved (RFC 2606): never a real name
 CLIENT_EXT = ("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n"
               "extendedKeyUsage=clientAuth\n")
 
@@ -97,4 +100,5 @@ def make_pki(directory: Path) -> PKI:
         impostor=_issue(directory, "impostor", ca, SERVER_EXT.format(san="DNS:other.example")),
         client=_issue(directory, "client", ca, CLIENT_EXT),
         stranger=_issue(directory, "stranger", other_ca, CLIENT_EXT),
+        sni=_issue(directory, "sni", ca, SERVER_EXT.format(san=f"DNS:*.{SNI_DOMAIN}")),
     )

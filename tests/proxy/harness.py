@@ -46,7 +46,7 @@ class ProxyThread:
     def __init__(self, observers: Iterable = (), **settings):
         settings.setdefault("listen", "127.0.0.1:0")
         settings.setdefault("admin_listen", "127.0.0.1:0")
-        if settings.get("mode", "gateway") == "gateway":
+        if settings.get("mode", "gateway") == "gateway" and settings.get("routing") != "sni":
             settings.setdefault("broker_port_base", 0)
         self.config = config_module.build(settings)
         self.runtime = Runtime(self.config, observers)

@@ -196,7 +196,7 @@ async def _relay_states(proxy) -> list[RelayState]:
     for relay in list(proxy.relays):
         if relay.info is None or relay.tracker is None:
             continue
-        transport = relay.writers[0].transport
+        transport = relay.client.transport
         states.append(RelayState(relay.info.client[1], relay.in_flight,
                                  transport.get_write_buffer_size(), relay.tracker.buffered,
                                  relay.bytes_from_broker))

@@ -160,6 +160,8 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
     software: dict[tuple, tuple] = {}   # connection -> (client_software_name, client_software_version)
     connection_clients: dict[tuple, set] = defaultdict(set)
     has_software = False                # schema version 2+ rows seen
+    writers: dict[tuple, list] = defaultdict(lambda: [0, 0])   # (topic, principal) -> [pairs, records]
+    has_principal = False               # schema version 3+ rows seen
     first = last = None
     total = request_bytes = response_bytes = 0
     for row in rows:
@@ -188,6 +190,10 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
                 software[connection] = (name, version)
         if row.get("client_id"):
             connection_clients[connection].add(row["client_id"])
+        if "principal" in row:
+            has_principal = True
+            if row.get("api_name") == "Produce":
+                _count_writers(writers, row)
         t = row.get("time")
         if t is not None:
             first = t if first is None or t < first else first
@@ -202,7 +208,21 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
             "errors": dict(errors.most_common()), "outcomes": dict(outcomes.most_common()),
             "top_clients": clients.most_common(top), "top_topics": topics.most_common(top),
             "client_software": (_software_inventory(connections, software, connection_clients)
-                                if has_software else None)}
+                                if has_software else None),
+            "topic_writers": ([{"topic": topic, "principal": principal, "pairs": n, "records": records}
+                               for (topic, principal), (n, records) in sorted(
+                                   writers.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0][0], kv[0][1] or ""))]
+                              if has_principal else None)}
+
+
+def _count_writers(writers: dict, row: dict) -> None:
+    """Who writes to which topic: Produce pairs and records per (topic, principal)."""
+    principal = row.get("principal")
+    per_topic = {entry["topic"]: entry["record_count"] or 0 for entry in row.get("topic_records") or ()}
+    for topic in row.get("topics") or ():
+        entry = writers[(topic, principal)]
+        entry[0] += 1
+        entry[1] += per_topic.get(topic, 0)
 
 
 def _software_inventory(connections, software, connection_clients) -> list[dict[str, Any]]:
@@ -259,6 +279,12 @@ def stats(path: str, *, top: int = 10, fmt: str | None = None, out: TextIO | Non
                                                             if len(ids) > _LISTED_CLIENT_IDS else "")
             print(f"  {entry['name'] or '(unknown)':<28}{entry['version'] or '-':<24}"
                   f"{entry['connections']:>12}  {listed or '-'}", file=out)
+    if s["topic_writers"]:
+        print("who writes to each topic (Produce, by principal):", file=out)
+        print(f"  {'topic':<32}{'principal':<32}{'requests':>10}{'records':>10}", file=out)
+        for entry in s["topic_writers"][:top]:
+            print(f"  {entry['topic']:<32}{entry['principal'] or '(anonymous)':<32}"
+                  f"{entry['pairs']:>10}{entry['records']:>10}", file=out)
     return s
 
 

@@ -1,17 +1,18 @@
 """Parquet capture: the summary columns of every request/response pair, zstd, in row groups.
 
-Schema version 2 (``SCHEMA_VERSION``; also in each file's key-value metadata
+Schema version 3 (``SCHEMA_VERSION``; also in each file's key-value metadata
 as ``kproxy.capture.schema_version`` and in the ``capture_version`` column).
 Bodies are not stored (use JSONL for those). Timestamps are microseconds,
 UTC (Spark rejects nanoseconds). A new schema version only ever adds
 nullable columns at the end and never changes an existing one, so readers
 of version N read version N+1 files; a version 1 file simply lacks the
-columns marked (v2), which a reader takes as null.
+columns marked (v2) and (v3), a version 2 file those marked (v3), which a
+reader takes as null.
 
 =======================  ================================  ===============================================
 column                   type                              meaning
 =======================  ================================  ===============================================
-capture_version          int16                             schema version of this row (2)
+capture_version          int16                             schema version of this row (3)
 time                     timestamp[us, tz=UTC]             when the request was complete at kproxy
 connection_id            int64                             kproxy's connection id (per process)
 client_host              string                            client address as kproxy saw it
@@ -50,6 +51,8 @@ client_software_version  string, null (v2)                 (same)
 group_id                 string, null (v2)                 group APIs: the group (first of a batch)
 member_id                string, null (v2)                 the member the broker knows
 generation               int32, null (v2)                  generation / KIP-848 member epoch
+principal                string, null (v3)                 the SASL PLAIN/SCRAM user the broker accepted,
+                                                           else the verified client certificate's subject
 =======================  ================================  ===============================================
 """
 
@@ -106,12 +109,14 @@ SCHEMA = pa.schema([
     ("group_id", pa.string()),
     ("member_id", pa.string()),
     ("generation", pa.int32()),
+    # version 3
+    ("principal", pa.string()),
 ], metadata={b"kproxy.capture.schema_version": str(SCHEMA_VERSION).encode()})
 
 COLUMNS = tuple(SCHEMA.names)
 _STRING_COLUMNS = ("client_host", "listener", "upstream_host", "client_id", "api_name", "outcome",
                    "decode_error", "proxy_instance", "client_software_name", "client_software_version",
-                   "group_id", "member_id")
+                   "group_id", "member_id", "principal")
 
 
 def _text(value):

@@ -22,6 +22,7 @@ from .writer import STOP, Writer
 _METADATA = 3
 _API_VERSIONS = 18
 _FIRST_SOFTWARE_VERSION = 3     # ApiVersions v3+ requests name the client software
+_SASL_KEYS = (17, 36)           # SaslHandshake, SaslAuthenticate: they name the principal
 _ITEM_OVERHEAD = 200            # bytes charged per queued item besides its frames
 
 
@@ -40,8 +41,8 @@ class Session:
         # otherwise a pair travels as its response (which holds the request).
         self.want_requests = self.pcap or config.record_unanswered
         self.learn_metadata = self.filter.has_topics
-        # A connection's client software fills all its rows, so its ApiVersions pair is
-        # read even when a filter (APIs, sampling) leaves that pair's own row out.
+        # A connection's client software and principal fill all its rows, so its ApiVersions
+        # and SASL pairs are read even when a filter (APIs, sampling) leaves their rows out.
         self.learn_software = "jsonl" in config.formats or "parquet" in config.formats
         self.connection_ok: dict[int, bool] = {}
         self.seen: set[int] = set()                  # connections with something queued
@@ -109,8 +110,9 @@ class Session:
                 elif self.learn_metadata and request.api_key == _METADATA:
                     self._put("learn", info, event, None, event.size + request.size + _ITEM_OVERHEAD)
                     capture.filtered += 1
-                elif (self.learn_software and request.api_key == _API_VERSIONS
-                      and request.api_version >= _FIRST_SOFTWARE_VERSION):
+                elif self.learn_software and (request.api_key in _SASL_KEYS or (
+                        request.api_key == _API_VERSIONS
+                        and request.api_version >= _FIRST_SOFTWARE_VERSION)):
                     self._put("learn", info, event, None, event.size + request.size + _ITEM_OVERHEAD)
                     capture.filtered += 1
                 else:

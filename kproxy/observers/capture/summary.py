@@ -23,7 +23,7 @@ from ...protocol.records import iter_batches
 from .filters import header_client_id
 from .redact import inflate, to_json
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Topic ids remembered from Metadata (and the like) to name topics in Fetch v13+ etc.
 MAX_TOPIC_IDS = 100_000
 
@@ -263,6 +263,8 @@ def build_row(info, request, response, outcome: str, wall_offset: float,
         "connection_start": getattr(info, "opened", None),
     }
     row.update(pair_fields(request.api_key, req_body, resp_body))
+    # schema version 3: the client certificate's subject; a SASL user replaces it (the writer's job)
+    row["principal"] = getattr(info, "principal", None)
     if bodies:
         row["request"] = to_json(req_body, include_record_data) if req_body is not None else None
         row["response"] = to_json(resp_body, include_record_data) if resp_body is not None else None

@@ -18,8 +18,9 @@ kind      payload               meaning
 "bad"     MalformedFrame        a frame that breaks framing (pcapng only)
 "learn"   ResponseReceived      a Metadata response outside the filter, read
                                 only to learn topic ids for the topic filter,
-                                or an ApiVersions pair outside it, read only
-                                for the connection's client software
+                                or an ApiVersions or SASL pair outside it,
+                                read only for the connection's client
+                                software or principal
 "close"   monotonic time        the connection closed; extra = in-flight count
 ========  ====================  ============================================
 
@@ -42,6 +43,7 @@ from .jsonl import JsonlSink
 from .parquet import ParquetSink
 from .pcapng import PcapngSink
 from .redact import scrub_frame
+from ...protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
 from .summary import (API_VERSIONS, OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, OUTCOME_UNANSWERED,
                       Facts, body_facts, build_row, pair_fields)
 
@@ -55,10 +57,11 @@ MIN_PAUSE_S = 0.002
 MAX_CONNECTIONS_TRACKED = 100_000   # per-connection state kept without a close hook, at most
 MAX_PENDING_PER_CONNECTION = 10_000  # a client that never gets answers cannot grow this forever
 STOP = object()
+SASL_KEYS = (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY)
 
 
 class _Conn:
-    __slots__ = ("info", "pending", "software")
+    __slots__ = ("info", "pending", "software", "sasl")
 
     def __init__(self, info):
         self.info = info
@@ -66,6 +69,7 @@ class _Conn:
         # (client_software_name, client_software_version) from the connection's ApiVersions
         # v3+ request: filled on every later row of the connection.
         self.software: tuple[str | None, str | None] | None = None
+        self.sasl: SaslPrincipal | None = None    # its SASL exchange, once it starts one
 
 
 class Writer(threading.Thread):
@@ -222,6 +226,9 @@ class Writer(threading.Thread):
                 self.pcap.frame(info, payload.direction == "client", self._wall(payload.time),
                                 payload.frame, f"kproxy: malformed frame: {payload.reason}")
         elif kind == "learn":
+            if payload.api_key in SASL_KEYS:
+                self._follow_sasl(self._conn(info), payload.request_event, payload)
+                return
             if payload.api_key == API_VERSIONS:
                 request = payload.request_event.request
                 if request is not None:
@@ -294,6 +301,10 @@ class Writer(threading.Thread):
                                      self.topic_names, self.jsonl is not None and self.config.include_bodies,
                                      self.config.include_record_data, self.instance)
             self._remember_software(conn, built)
+            if request.api_key in SASL_KEYS and response is not None:
+                self._follow_sasl(conn, request, response)
+            if conn.sasl is not None and conn.sasl.principal is not None:
+                built["principal"] = conn.sasl.principal
             if not self.filter.topics_ok(facts.topics):
                 self.capture.filtered_topics += 1
                 return
@@ -308,6 +319,17 @@ class Writer(threading.Thread):
                 self._pcap_frame(info, request, True)
             if response is not None:
                 self._pcap_frame(info, response, False)
+
+    @staticmethod
+    def _follow_sasl(conn: _Conn, request, response) -> None:
+        """A SaslHandshake / SaslAuthenticate pair: the user it names is the principal of the
+        connection's later rows once the broker accepts the exchange (never the password)."""
+        decoded, answer = request.request, response.response
+        if decoded is None or answer is None or decoded.is_opaque:
+            return
+        if conn.sasl is None:
+            conn.sasl = SaslPrincipal()
+        conn.sasl.observe(request.api_key, decoded.body, answer.body)
 
     @staticmethod
     def _remember_software(conn: _Conn, row: dict) -> None:

@@ -1,0 +1,510 @@
+#!/usr/bin/env python3
+"""kproxy beside going direct and beside other Kafka proxies, in one run.
+
+One Apache Kafka node (``kproxy.embedded``); in front of it, each in its own
+process: kproxy (this tree, plus any other trees given with ``--kproxy-tree``,
+e.g. main's relay for a before/after), grepplabs/kafka-proxy with its default
+4 KiB copy buffers and with 256 KiB ones, and Kroxylicious (pass-through).
+Peers come prebuilt from ``../shared/peers`` (``--peers``) and are skipped,
+with a message, when absent. Clients are confluent-kafka.
+
+Every round runs every path once, the order rotating from round to round; each
+figure is divided by direct's figure *of the same round* (paired ratios), and
+the median and min-max of those ratios are reported, so a machine whose speed
+drifts (2 shared cores here) moves both sides of each ratio together.
+
+    python benchmarks/bench_peers.py --quick              # ~3 min
+    python benchmarks/bench_peers.py --rounds 7 --json out.json
+    python benchmarks/bench_peers.py --kproxy-tree main=/work/main   # old vs new relay
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.bench_proxy import ProxyProcess, free_port  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_PEERS = HERE.parent.parent / "shared" / "peers"
+# Records per throughput phase (MB = records x size). Full: ~100 MB per 1 KiB phase.
+FULL = {"records_1k": 100_000, "records_100": 400_000, "latency_sends": 2_000, "rounds": 5}
+QUICK = {"records_1k": 40_000, "records_100": 150_000, "latency_sends": 500, "rounds": 3}
+LATENCY_WARMUP_SENDS = 50        # first sends of a latency phase (connections, metadata) not counted
+IDLE_CONNECTIONS = 200           # opened at once to measure RSS per idle connection
+CONSUME_TIMEOUT_S = 120.0
+CONSUME_BATCH = 10_000
+PEER_START_TIMEOUT_S = 60.0      # a JVM proxy takes seconds to listen
+TOPIC_SETTLE_S = 1.0             # after leaders exist; see the peers README (kafka-proxy bypass)
+# A proxied phase whose proxy used less CPU than this per MB moved its bytes elsewhere
+# (a client that learnt the broker's own address bypasses the proxy): flagged, not trusted.
+BYPASS_CPU_S_PER_MB = 0.0005
+KAFKA_PROXY_BIG_BUFFER = 256 * 1024
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------ processes
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def api_versions_round_trip(address: str, timeout: float = 5.0) -> socket.socket:
+    """Open a connection, send ApiVersions v0, read the whole answer; the socket stays open."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    client_id = b"bench"
+    body = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id
+    sock.sendall(struct.pack(">i", len(body)) + body)
+    header = _recv_exactly(sock, 4)
+    _recv_exactly(sock, struct.unpack(">i", header)[0])
+    return sock
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return bytes(data)
+
+
+def wait_until_serving(address: str, process: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + PEER_START_TIMEOUT_S
+    while True:
+        try:
+            api_versions_round_trip(address, timeout=2).close()
+            return
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start serving on {address}")
+        time.sleep(0.2)
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class KproxyPath:
+    """kproxy (the tree this file is in, or another checkout) in its own process."""
+
+    def __init__(self, label: str, upstream: str, tree: Path | None = None):
+        self.label = label
+        self.proxy = ProxyProcess(upstream)
+        if tree is not None:
+            self.proxy.argv[1] = str(tree / "benchmarks" / "_kproxy_process.py")
+            self.proxy.env = {**self.proxy.env, "PYTHONPATH": str(tree)}
+        self.bootstrap = self.proxy.bootstrap
+
+    def __enter__(self):
+        self.proxy.__enter__()
+        self.pid = self.proxy.process.pid
+        return self
+
+    def __exit__(self, *exc):
+        self.proxy.__exit__()
+
+
+class KafkaProxyPath:
+    """grepplabs/kafka-proxy, one mapping for the one broker."""
+
+    def __init__(self, label: str, upstream: str, binary: Path, buffer_bytes: int | None):
+        self.label = label
+        self.bootstrap = f"127.0.0.1:{free_port()}"
+        self.argv = [str(binary), "server",
+                     "--bootstrap-server-mapping", f"{upstream},{self.bootstrap}",
+                     "--default-listener-ip", "127.0.0.1",
+                     "--dynamic-sequential-min-port", str(free_port()),
+                     "--http-listen-address", f"127.0.0.1:{free_port()}",
+                     "--debug-listen-address", f"127.0.0.1:{free_port()}"]
+        if buffer_bytes:
+            self.argv += ["--proxy-request-buffer-size", str(buffer_bytes),
+                          "--proxy-response-buffer-size", str(buffer_bytes)]
+
+    def __enter__(self):
+        self.process = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.pid = self.process.pid
+        try:
+            wait_until_serving(self.bootstrap, self.process, self.label)
+        except RuntimeError:
+            stop_process(self.process)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        stop_process(self.process)
+
+
+class KroxyliciousPath:
+    """Kroxylicious, a pass-through virtual cluster; node n at bootstrap port + 1 + n."""
+
+    def __init__(self, label: str, upstream: str, home: Path, workdir: Path):
+        self.label = label
+        port = _free_port_run(4)
+        self.bootstrap = f"127.0.0.1:{port}"
+        self.config = workdir / "kroxylicious.yaml"
+        self.config.write_text(f"""\
+management:
+  bindAddress: 127.0.0.1
+  port: {free_port()}
+  endpoints:
+    prometheus: {{}}
+virtualClusters:
+  - name: bench
+    targetCluster:
+      bootstrapServers: {upstream}
+    gateways:
+    - name: default
+      portIdentifiesNode:
+        bootstrapAddress: {self.bootstrap}
+    logNetwork: false
+    logFrames: false
+""")
+        self.home = home
+        self.argv = ["java", "-XX:+ExitOnOutOfMemoryError",
+                     "-Dlog4j2.configurationFile=config/log4j2.yaml", "-cp", "app/*:libs/*",
+                     "io.kroxylicious.app.Kroxylicious", "--config", str(self.config)]
+
+    def __enter__(self):
+        self.process = subprocess.Popen(self.argv, cwd=self.home, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        self.pid = self.process.pid
+        try:
+            wait_until_serving(self.bootstrap, self.process, self.label)
+        except RuntimeError:
+            stop_process(self.process)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        stop_process(self.process)
+
+
+def _free_port_run(n: int) -> int:
+    """A port p with p .. p+n-1 all free now (Kroxylicious derives node ports from it)."""
+    for _ in range(100):
+        base = free_port()
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no run of free ports")
+
+
+class DirectPath:
+    label = "direct"
+    pid = None
+
+    def __init__(self, upstream: str):
+        self.bootstrap = upstream
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+# ------------------------------------------------------------------ workloads
+
+def produce(bootstrap: str, topic: str, records: int, size: int) -> float:
+    """Seconds to produce ``records`` (acks=all, after a warm-up send that connects)."""
+    from confluent_kafka import Producer
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1 << 20,
+                         "compression.type": "none", "acks": "all"})
+    producer.produce(topic, b"w")
+    producer.flush(30)
+    payload = b"x" * size
+    start = time.perf_counter()
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, payload)
+                break
+            except BufferError:
+                producer.poll(0.005)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError("produce did not finish")
+    return time.perf_counter() - start
+
+
+def consume(bootstrap: str, topic: str, records: int) -> float:
+    """Seconds from the first consumed record to the last (steady state, no connect time)."""
+    from confluent_kafka import Consumer, TopicPartition
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False, "fetch.max.bytes": 52428800,
+                         "fetch.queue.backoff.ms": 10, "session.timeout.ms": 6000})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    total = records + 1                       # the warm-up record too
+    got = 0
+    start = None
+    deadline = time.perf_counter() + CONSUME_TIMEOUT_S
+    try:
+        while got < total and time.perf_counter() < deadline:
+            # Never ask for more than remain: consume() waits its full timeout for a count.
+            batch = consumer.consume(min(CONSUME_BATCH, total - got), 1.0)
+            if batch and start is None:
+                start = time.perf_counter()
+                first_batch = len(batch)
+            got += len(batch)
+        elapsed = time.perf_counter() - start if start else 0.0
+    finally:
+        consumer.close()
+    if got < total:
+        raise RuntimeError(f"consumed {got} of {total}")
+    return elapsed * total / max(total - first_batch, 1)      # scale: the first batch took no time
+
+
+def latency(bootstrap: str, topic: str, sends: int) -> list[float]:
+    """Seconds per sequential acks=1 send of 100 B (each awaited before the next)."""
+    from confluent_kafka import Producer
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1})
+    times = []
+    for i in range(sends + LATENCY_WARMUP_SENDS):
+        start = time.perf_counter()
+        producer.produce(topic, b"y" * 100)
+        producer.flush(10)
+        if i >= LATENCY_WARMUP_SENDS:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def idle_connection_rss(path) -> tuple[int, int]:
+    """RSS fresh, and RSS added per connection with ``IDLE_CONNECTIONS`` idle clients
+    (each did one ApiVersions round trip, so the proxy has its upstream side open too)."""
+    fresh = rss_bytes(path.pid)
+    socks = [api_versions_round_trip(path.bootstrap) for _ in range(IDLE_CONNECTIONS)]
+    time.sleep(1.0)
+    loaded = rss_bytes(path.pid)
+    for s in socks:
+        s.close()
+    time.sleep(0.5)
+    return fresh, (loaded - fresh) // IDLE_CONNECTIONS
+
+
+def create_topics(bootstrap: str, names: list[str]) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(n, 1, 1) for n in names]).values():
+        future.result(60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(timeout=10).topics
+        if all(n in meta and meta[n].partitions and meta[n].partitions[0].leader >= 0 for n in names):
+            break
+        time.sleep(0.2)
+    time.sleep(TOPIC_SETTLE_S)
+
+
+# ------------------------------------------------------------------ the run
+
+PHASES = ("produce_1k", "consume_1k", "produce_100", "consume_100")
+
+
+def run(args) -> dict:
+    from kproxy.embedded.kafka import KafkaCluster
+
+    sizes = {"1k": (1024, args.records_1k), "100": (100, args.records_100)}
+    results: dict = {"rounds": args.rounds, "records_1k": args.records_1k,
+                     "records_100": args.records_100, "latency_sends": args.latency_sends,
+                     "skipped": {}, "paths": {}}
+    peers = Path(args.peers)
+    with tempfile.TemporaryDirectory() as tmp, KafkaCluster(1) as cluster:
+        upstream = cluster.bootstrap_servers
+        paths = [DirectPath(upstream), KproxyPath("kproxy", upstream)]
+        for spec in args.kproxy_tree:
+            name, _, tree = spec.partition("=")
+            paths.append(KproxyPath(f"kproxy-{name}", upstream, Path(tree).resolve()))
+        binary = peers / "kafka-proxy" / "kafka-proxy"
+        if binary.exists():
+            paths.append(KafkaProxyPath("kafka-proxy-4k", upstream, binary, None))
+            paths.append(KafkaProxyPath("kafka-proxy-256k", upstream, binary, KAFKA_PROXY_BIG_BUFFER))
+        else:
+            results["skipped"]["kafka-proxy"] = f"not found at {binary}"
+        krox = peers / "kroxylicious"
+        if (krox / "app").is_dir() and shutil.which("java"):
+            paths.append(KroxyliciousPath("kroxylicious", upstream, krox, Path(tmp)))
+        else:
+            results["skipped"]["kroxylicious"] = f"not found at {krox} (or no java on PATH)"
+        for name, why in results["skipped"].items():
+            print(f"skipping {name}: {why}", file=sys.stderr)
+        labels = [p.label for p in paths]
+        topics = {(label, r, size): f"bench-{label}-{r}-{size}-{uuid.uuid4().hex[:6]}"
+                  for label in labels for r in range(args.rounds) for size in (*sizes, "lat")}
+        create_topics(upstream, list(topics.values()))
+        started = []
+        try:
+            for path in paths:
+                started.append(path.__enter__())
+                stats = results["paths"].setdefault(path.label, {"rounds": {}})
+                if path.pid is not None:
+                    fresh, per_conn = idle_connection_rss(path)
+                    stats["rss_fresh_bytes"] = fresh
+                    stats["rss_per_idle_connection_bytes"] = per_conn
+            for r in range(args.rounds):
+                order = paths[r % len(paths):] + paths[:r % len(paths)]
+                for path in order:
+                    rounds = results["paths"][path.label]["rounds"]
+                    print(f"round {r + 1}/{args.rounds}: {path.label}", file=sys.stderr)
+                    cpu = 0.0
+                    moved_mb = 0.0
+                    for phase in PHASES:
+                        op, size_key = phase.split("_")
+                        size, records = sizes[size_key]
+                        topic = topics[(path.label, r, size_key)]
+                        before = cpu_seconds(path.pid) if path.pid else 0.0
+                        if op == "produce":
+                            seconds = produce(path.bootstrap, topic, records, size)
+                        else:
+                            seconds = consume(path.bootstrap, topic, records)
+                        mb = records * size / 1e6
+                        rounds.setdefault(f"{phase}_mb_s", []).append(mb / seconds)
+                        if path.pid:
+                            used = cpu_seconds(path.pid) - before
+                            cpu += used
+                            moved_mb += mb
+                            if used < BYPASS_CPU_S_PER_MB * mb:
+                                rounds.setdefault("suspect_bypass", []).append(phase)
+                    if path.pid:
+                        rounds.setdefault("cpu_s_per_gb", []).append(cpu / moved_mb * 1000)
+                    times = latency(path.bootstrap, topics[(path.label, r, "lat")], args.latency_sends)
+                    rounds.setdefault("latency_p50_ms", []).append(percentile(times, 0.50) * 1000)
+                    rounds.setdefault("latency_p99_ms", []).append(percentile(times, 0.99) * 1000)
+            for path in paths:
+                if path.pid:
+                    results["paths"][path.label]["rss_after_bytes"] = rss_bytes(path.pid)
+        finally:
+            for path in reversed(started):
+                path.__exit__()
+    summarize(results)
+    return results
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarize(results: dict) -> None:
+    """Paired ratios to direct (throughput) and added latency, per round; median and min-max."""
+    direct = results["paths"]["direct"]["rounds"]
+    for label, stats in results["paths"].items():
+        rounds = stats["rounds"]
+        summary = stats["summary"] = {}
+        for phase in PHASES:
+            key = f"{phase}_mb_s"
+            summary[f"{phase}_mb_s"] = _spread(rounds[key])
+            summary[f"{phase}_ratio"] = _spread([a / b for a, b in zip(rounds[key], direct[key])])
+        for q in ("p50", "p99"):
+            key = f"latency_{q}_ms"
+            summary[key] = _spread(rounds[key])
+            summary[f"added_{key}"] = _spread([a - b for a, b in zip(rounds[key], direct[key])])
+        if "cpu_s_per_gb" in rounds:
+            summary["cpu_s_per_gb"] = _spread(rounds["cpu_s_per_gb"])
+
+
+def print_table(results: dict) -> None:
+    labels = list(results["paths"])
+    width = max(14, *(len(x) + 2 for x in labels))
+    print(f"1 Apache Kafka node, confluent-kafka, {results['rounds']} interleaved rounds (order "
+          f"rotating); ratios to direct in the same round: median [min-max]")
+    print(f"{'':26}" + "".join(f"{x:>{width + 8}}" for x in labels))
+
+    def row(title, fn):
+        print(f"{title:26}" + "".join(f"{fn(results['paths'][x]):>{width + 8}}" for x in labels))
+
+    def ratio(key):
+        return lambda s: "{median:.2f} [{min:.2f}-{max:.2f}]".format(**s["summary"][key])
+
+    for phase in PHASES:
+        row(f"{phase} ratio", ratio(f"{phase}_ratio"))
+    for phase in PHASES:
+        row(f"{phase} MB/s (median)", lambda s, p=phase: f"{s['summary'][f'{p}_mb_s']['median']:.1f}")
+    for q in ("p50", "p99"):
+        row(f"latency {q} ms", lambda s, q=q: "{median:.3f}".format(**s["summary"][f"latency_{q}_ms"]))
+        row(f"added {q} ms", lambda s, q=q: "{median:+.3f} [{min:+.2f}..{max:+.2f}]".format(
+            **s["summary"][f"added_latency_{q}_ms"]))
+    row("CPU s per GB", lambda s: "{median:.2f} [{min:.2f}-{max:.2f}]".format(**s["summary"]["cpu_s_per_gb"])
+        if "cpu_s_per_gb" in s["summary"] else "-")
+    row("RSS fresh MiB", lambda s: f"{s['rss_fresh_bytes'] / 2**20:.1f}" if "rss_fresh_bytes" in s else "-")
+    row("RSS/idle conn KiB", lambda s: f"{s['rss_per_idle_connection_bytes'] / 1024:.1f}"
+        if "rss_per_idle_connection_bytes" in s else "-")
+    row("RSS after MiB", lambda s: f"{s['rss_after_bytes'] / 2**20:.1f}" if "rss_after_bytes" in s else "-")
+    suspects = {x: s["rounds"]["suspect_bypass"] for x, s in results["paths"].items()
+                if s["rounds"].get("suspect_bypass")}
+    if suspects:
+        print(f"WARNING: phases where the proxy used almost no CPU (bytes went around it?): {suspects}")
+    for name, why in results["skipped"].items():
+        print(f"skipped {name}: {why}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer records and rounds (~3 min)")
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--records-1k", type=int)
+    parser.add_argument("--records-100", type=int)
+    parser.add_argument("--latency-sends", type=int)
+    parser.add_argument("--peers", default=str(DEFAULT_PEERS), help="folder of prebuilt peers")
+    parser.add_argument("--kproxy-tree", action="append", default=[], metavar="NAME=PATH",
+                        help="also run kproxy from another checkout (e.g. main=/work/main)")
+    parser.add_argument("--json", metavar="FILE", help="write all figures here as JSON")
+    args = parser.parse_args()
+    defaults = QUICK if args.quick else FULL
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    results = run(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    print_table(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
