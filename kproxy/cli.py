@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -263,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kafka").setLevel(logging.CRITICAL + 1)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         args.capture_dir = f"{DEMO_CAPTURE_ROOT}/demo-{stamp}"
+        # SIGTERM stops the demo as Ctrl-C does (clients, kproxy, then the broker), rather
+        # than killing Python and leaving the broker's JVM running.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             import uvloop
             status = uvloop.run(_demo(args))
