@@ -362,6 +362,8 @@ class LiveView:
             self.unwatch()
 
     def watch(self) -> None:
+        if self.watchers == 0:               # rates count from now: nothing was seen meanwhile
+            self._window = _Window()
         self.watchers += 1
         self.watched = True
         if self._thread is None:

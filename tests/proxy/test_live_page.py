@@ -273,3 +273,19 @@ def test_a_viewer_that_never_reads_costs_bounded_memory_and_slows_nobody(proxy, 
         assert len(produced) == sent                       # every Produce answered and seen
     finally:
         sock.close()
+
+
+def test_the_page_says_when_the_stream_is_thinned(browser, proxy, tmp_path, monkeypatch):
+    """Past the per-page rate cap rows are left out, counted, and the page says so."""
+    monkeypatch.setattr(live_module, "VIEWER_MAX_ROWS_PER_S", 3)
+    page = open_page(browser, proxy)
+    try:
+        produce_one_by_one(proxy, f"thin-{uuid.uuid4().hex[:6]}", 20, client_id="live-thinned")
+        page.locator("[data-testid=notice]", has_text="thinned").wait_for(timeout=WAIT_MS)
+        notice = page.inner_text("[data-testid=notice]")
+        assert notice.startswith("Sampled stream: ") and "thinned (over the page's per-second cap)" in notice
+        (viewer,) = proxy.runtime.live.viewers
+        assert viewer.thinned > 0 and viewer.sent < viewer.matched
+        screenshot(page, tmp_path, "thinned")
+    finally:
+        page.close()
