@@ -67,7 +67,7 @@ class ProxyProcess:
         if slow_disk_s:
             self.argv += ["--slow-disk-ms", str(slow_disk_s * 1000)]
         self.argv += ["run", "--upstream", upstream, "--listen", self.bootstrap,
-                      "--admin-listen", self.admin, "--broker-port-base", str(free_port()),
+                      "--admin-listen", self.admin, "--broker-port-base", "0",   # 0: the OS picks (no clashes)
                       "--log-level", "WARNING"]
         self.process: subprocess.Popen | None = None
         # Capture control needs the admin token; captures go under the system's temp directory.
