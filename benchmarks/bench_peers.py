@@ -47,7 +47,7 @@ LATENCY_WARMUP_SENDS = 50        # first sends of a latency phase (connections, 
 IDLE_CONNECTIONS = 1000          # opened at once to measure RSS per idle connection (more: steadier)
 CONSUME_TIMEOUT_S = 120.0
 CONSUME_BATCH = 10_000
-PEER_START_TIMEOUT_S = 60.0      # a JVM proxy takes seconds to listen
+PEER_START_TIMEOUT_S = 120.0     # a JVM proxy takes seconds to listen, more on a loaded machine
 TOPIC_SETTLE_S = 1.0             # after leaders exist; see the peers README (kafka-proxy bypass)
 # A proxied phase whose proxy used less CPU than this per MB moved its bytes elsewhere
 # (a client that learnt the broker's own address bypasses the proxy): flagged, not trusted.
@@ -192,13 +192,14 @@ virtualClusters:
     logFrames: false
 """)
         self.home = home
+        self.log = workdir / "kroxylicious.log"
         self.argv = ["java", "-XX:+ExitOnOutOfMemoryError",
                      "-Dlog4j2.configurationFile=config/log4j2.yaml", "-cp", "app/*:libs/*",
                      "io.kroxylicious.app.Kroxylicious", "--config", str(self.config)]
 
     def __enter__(self):
-        self.process = subprocess.Popen(self.argv, cwd=self.home, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(self.argv, cwd=self.home, stdout=log, stderr=subprocess.STDOUT)
         self.pid = self.process.pid
         try:
             wait_until_serving(self.bootstrap, self.process, self.label)
@@ -380,8 +381,19 @@ def run(args) -> dict:
         create_topics(upstream, list(topics.values()))
         started = []
         try:
-            for path in paths:
-                started.append(path.__enter__())
+            for path in list(paths):
+                try:
+                    started.append(path.__enter__())
+                except RuntimeError as exc:
+                    if isinstance(path, (DirectPath, KproxyPath)):
+                        raise
+                    why = str(exc)
+                    if getattr(path, "log", None) is not None and path.log.exists():
+                        why += ": " + " | ".join(path.log.read_text(errors="replace").splitlines()[-3:])
+                    results["skipped"][path.label] = why
+                    print(f"skipping {path.label}: {why}", file=sys.stderr)
+                    paths.remove(path)
+                    continue
                 stats = results["paths"].setdefault(path.label, {"rounds": {}})
                 if path.pid is not None:
                     fresh, per_conn = idle_connection_rss(path)
