@@ -171,9 +171,20 @@ class KroxyliciousPath:
 
     def __init__(self, label: str, upstream: str, home: Path, workdir: Path):
         self.label = label
-        port = _free_port_run(4)
-        self.bootstrap = f"127.0.0.1:{port}"
+        self.upstream = upstream
         self.config = workdir / "kroxylicious.yaml"
+        self.home = home
+        self.log = workdir / "kroxylicious.log"
+        self.argv = ["java", "-XX:+ExitOnOutOfMemoryError",
+                     "-Dlog4j2.configurationFile=config/log4j2.yaml", "-cp", "app/*:libs/*",
+                     "io.kroxylicious.app.Kroxylicious", "--config", str(self.config)]
+        self.bootstrap = "(not started)"
+
+    def __enter__(self):
+        # Ports chosen just before it starts: its node ports (bootstrap + 1 + node id) are
+        # not reserved, and the other proxies' listeners take ports as they start.
+        self.bootstrap = f"127.0.0.1:{_free_port_run(4)}"
+        upstream = self.upstream
         self.config.write_text(f"""\
 management:
   bindAddress: 127.0.0.1
@@ -191,13 +202,6 @@ virtualClusters:
     logNetwork: false
     logFrames: false
 """)
-        self.home = home
-        self.log = workdir / "kroxylicious.log"
-        self.argv = ["java", "-XX:+ExitOnOutOfMemoryError",
-                     "-Dlog4j2.configurationFile=config/log4j2.yaml", "-cp", "app/*:libs/*",
-                     "io.kroxylicious.app.Kroxylicious", "--config", str(self.config)]
-
-    def __enter__(self):
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(self.argv, cwd=self.home, stdout=log, stderr=subprocess.STDOUT)
         self.pid = self.process.pid
@@ -317,16 +321,20 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def idle_connection_rss(path) -> tuple[int, int]:
-    """RSS fresh, and RSS added per connection with ``IDLE_CONNECTIONS`` idle clients
-    (each did one ApiVersions round trip, so the proxy has its upstream side open too)."""
+    """RSS fresh, and RSS added per connection by a second batch of ``IDLE_CONNECTIONS``
+    idle clients (each did one ApiVersions round trip, so the proxy has its upstream side
+    open too). The first batch fills what start-up freed, which would hide the cost."""
     fresh = rss_bytes(path.pid)
     socks = [api_versions_round_trip(path.bootstrap) for _ in range(IDLE_CONNECTIONS)]
     time.sleep(1.0)
-    loaded = rss_bytes(path.pid)
+    first = rss_bytes(path.pid)
+    socks += [api_versions_round_trip(path.bootstrap) for _ in range(IDLE_CONNECTIONS)]
+    time.sleep(1.0)
+    second = rss_bytes(path.pid)
     for s in socks:
         s.close()
     time.sleep(0.5)
-    return fresh, (loaded - fresh) // IDLE_CONNECTIONS
+    return fresh, (second - first) // IDLE_CONNECTIONS
 
 
 def create_topics(bootstrap: str, names: list[str]) -> None:
