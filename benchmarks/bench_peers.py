@@ -44,10 +44,10 @@ DEFAULT_PEERS = HERE.parent.parent / "shared" / "peers"
 FULL = {"records_1k": 100_000, "records_100": 400_000, "latency_sends": 2_000, "rounds": 5}
 QUICK = {"records_1k": 40_000, "records_100": 150_000, "latency_sends": 500, "rounds": 3}
 LATENCY_WARMUP_SENDS = 50        # first sends of a latency phase (connections, metadata) not counted
-IDLE_CONNECTIONS = 200           # opened at once to measure RSS per idle connection
+IDLE_CONNECTIONS = 1000          # opened at once to measure RSS per idle connection (more: steadier)
 CONSUME_TIMEOUT_S = 120.0
 CONSUME_BATCH = 10_000
-PEER_START_TIMEOUT_S = 60.0      # a JVM proxy takes seconds to listen
+PEER_START_TIMEOUT_S = 120.0     # a JVM proxy takes seconds to listen, more on a loaded machine
 TOPIC_SETTLE_S = 1.0             # after leaders exist; see the peers README (kafka-proxy bypass)
 # A proxied phase whose proxy used less CPU than this per MB moved its bytes elsewhere
 # (a client that learnt the broker's own address bypasses the proxy): flagged, not trusted.
@@ -171,9 +171,20 @@ class KroxyliciousPath:
 
     def __init__(self, label: str, upstream: str, home: Path, workdir: Path):
         self.label = label
-        port = _free_port_run(4)
-        self.bootstrap = f"127.0.0.1:{port}"
+        self.upstream = upstream
         self.config = workdir / "kroxylicious.yaml"
+        self.home = home
+        self.log = workdir / "kroxylicious.log"
+        self.argv = ["java", "-XX:+ExitOnOutOfMemoryError",
+                     "-Dlog4j2.configurationFile=config/log4j2.yaml", "-cp", "app/*:libs/*",
+                     "io.kroxylicious.app.Kroxylicious", "--config", str(self.config)]
+        self.bootstrap = "(not started)"
+
+    def __enter__(self):
+        # Ports chosen just before it starts: its node ports (bootstrap + 1 + node id) are
+        # not reserved, and the other proxies' listeners take ports as they start.
+        self.bootstrap = f"127.0.0.1:{_free_port_run(4)}"
+        upstream = self.upstream
         self.config.write_text(f"""\
 management:
   bindAddress: 127.0.0.1
@@ -191,14 +202,8 @@ virtualClusters:
     logNetwork: false
     logFrames: false
 """)
-        self.home = home
-        self.argv = ["java", "-XX:+ExitOnOutOfMemoryError",
-                     "-Dlog4j2.configurationFile=config/log4j2.yaml", "-cp", "app/*:libs/*",
-                     "io.kroxylicious.app.Kroxylicious", "--config", str(self.config)]
-
-    def __enter__(self):
-        self.process = subprocess.Popen(self.argv, cwd=self.home, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(self.argv, cwd=self.home, stdout=log, stderr=subprocess.STDOUT)
         self.pid = self.process.pid
         try:
             wait_until_serving(self.bootstrap, self.process, self.label)
@@ -316,16 +321,20 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def idle_connection_rss(path) -> tuple[int, int]:
-    """RSS fresh, and RSS added per connection with ``IDLE_CONNECTIONS`` idle clients
-    (each did one ApiVersions round trip, so the proxy has its upstream side open too)."""
+    """RSS fresh, and RSS added per connection by a second batch of ``IDLE_CONNECTIONS``
+    idle clients (each did one ApiVersions round trip, so the proxy has its upstream side
+    open too). The first batch fills what start-up freed, which would hide the cost."""
     fresh = rss_bytes(path.pid)
     socks = [api_versions_round_trip(path.bootstrap) for _ in range(IDLE_CONNECTIONS)]
     time.sleep(1.0)
-    loaded = rss_bytes(path.pid)
+    first = rss_bytes(path.pid)
+    socks += [api_versions_round_trip(path.bootstrap) for _ in range(IDLE_CONNECTIONS)]
+    time.sleep(1.0)
+    second = rss_bytes(path.pid)
     for s in socks:
         s.close()
     time.sleep(0.5)
-    return fresh, (loaded - fresh) // IDLE_CONNECTIONS
+    return fresh, (second - first) // IDLE_CONNECTIONS
 
 
 def create_topics(bootstrap: str, names: list[str]) -> None:
@@ -380,8 +389,19 @@ def run(args) -> dict:
         create_topics(upstream, list(topics.values()))
         started = []
         try:
-            for path in paths:
-                started.append(path.__enter__())
+            for path in list(paths):
+                try:
+                    started.append(path.__enter__())
+                except RuntimeError as exc:
+                    if isinstance(path, (DirectPath, KproxyPath)):
+                        raise
+                    why = str(exc)
+                    if getattr(path, "log", None) is not None and path.log.exists():
+                        why += ": " + " | ".join(path.log.read_text(errors="replace").splitlines()[-3:])
+                    results["skipped"][path.label] = why
+                    print(f"skipping {path.label}: {why}", file=sys.stderr)
+                    paths.remove(path)
+                    continue
                 stats = results["paths"].setdefault(path.label, {"rounds": {}})
                 if path.pid is not None:
                     fresh, per_conn = idle_connection_rss(path)

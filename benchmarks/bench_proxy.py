@@ -70,7 +70,7 @@ class ProxyProcess:
         if without_live_view:
             self.argv += ["--without-live-view"]
         self.argv += ["run", "--upstream", upstream, "--listen", self.bootstrap,
-                      "--admin-listen", self.admin, "--broker-port-base", str(free_port()),
+                      "--admin-listen", self.admin, "--broker-port-base", "0",   # 0: the OS picks (no clashes)
                       "--log-level", "WARNING"]
         self.process: subprocess.Popen | None = None
         # Capture control needs the admin token; captures go under the system's temp directory.

@@ -22,9 +22,13 @@ Backpressure is explicit: when one side's transport holds more than
 ``pause_writing`` and kproxy stops reading the *other* side, until the buffer
 is below ``WRITE_LOW_WATER``. Memory per connection is bounded by that plus the
 tracker's copy of the frame in progress in each direction (kept whole so
-observers can decode it), i.e. at most ``max_frame_size`` per direction; a
-streaming header walk for large pass-through frames would lower that. An idle
-connection holds no read buffer at all (the arena is the listener's).
+observers can decode it), i.e. at most ``max_frame_size`` per direction, and
+all connections' incomplete frames together by the ``BufferBudget`` (beyond it
+the sides holding them are no longer read, all but one); a streaming header walk
+for large pass-through frames would lower that. An idle connection holds no read
+buffer at all (the arena is the listener's). One client cannot monopolize the
+loop either: it is not read with ``MAX_IN_FLIGHT_PER_CONNECTION`` requests
+unanswered, and its events reach observers a bounded step at a time.
 
 Every connection ends in ``Relay.finish`` (the one close path), which records
 the first reason given; ``run_relay`` then logs it and tells the observers.
@@ -38,6 +42,7 @@ import logging
 import ssl
 import sys
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -69,6 +74,13 @@ PIPELINED_READ_BYTES = 16 * 1024
 # activity). Generous: a 100 MiB frame at 1 MB/s fits; clients time out requests after
 # 30 s by default anyway.
 REQUEST_DEADLINE_S = 120.0
+# Bytes all connections of a process may hold in incomplete frames (each kept whole for
+# the observers) before kproxy stops reading the sides that hold them: backpressure,
+# not an out-of-memory kill. A quarter of the container's memory limit where one is
+# set (the rest: the interpreter, observers' queues, transports' write buffers), else this.
+DEFAULT_BUFFER_BUDGET = 256 * 1024 * 1024
+CONTAINER_MEMORY_LIMIT_FILES = ("/sys/fs/cgroup/memory.max",                    # cgroup v2
+                                "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v1
 
 HostPort = tuple[str, int]
 Observer = Callable[["ConnectionInfo", Iterable[Event]], None]
@@ -159,6 +171,7 @@ class Endpoint(asyncio.BufferedProtocol):
         self._room: memoryview | None = None
         self.read_limit = READ_CHUNK             # most bytes one read may take
         self._paused_for: set[str] = set()
+        self.held = 0                            # bytes of this side's incomplete frame (for the budget)
         self._early: list[bytes] = []            # client bytes read before the relay was linked
         self._early_eof = False
 
@@ -246,6 +259,88 @@ class Endpoint(asyncio.BufferedProtocol):
         self.resume("connecting")
 
 
+def buffer_budget_limit() -> int:
+    """``DEFAULT_BUFFER_BUDGET``, or a quarter of the container's memory limit if lower."""
+    for path in CONTAINER_MEMORY_LIMIT_FILES:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return min(DEFAULT_BUFFER_BUDGET, int(text) // 4)
+    return DEFAULT_BUFFER_BUDGET
+
+
+class BufferBudget:
+    """Bytes held in incomplete frames by every connection of one event loop.
+
+    Over the limit, a side whose frame grows stops being read, unless no other
+    side holding a frame is still read: one always proceeds, so frames keep
+    completing and freeing memory. Below the limit every paused side is read
+    again; above it, once no holder is being read, the one holding the most
+    (the likeliest to finish first) is.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self.reading: set[Endpoint] = set()      # holders still read
+        self.waiting: set[Endpoint] = set()      # holders paused for the budget
+
+    def update(self, endpoint: Endpoint, held: int) -> None:
+        freed = held < endpoint.held
+        self.held += held - endpoint.held
+        endpoint.held = held
+        if endpoint in self.waiting:             # bytes read just before the pause took hold
+            if not held:
+                self.waiting.discard(endpoint)
+                endpoint.resume("buffer budget")
+        elif not held:
+            self.reading.discard(endpoint)
+        elif self.held > self.limit and any(other is not endpoint for other in self.reading):
+            self.reading.discard(endpoint)
+            self.waiting.add(endpoint)
+            endpoint.pause("buffer budget")
+        else:
+            self.reading.add(endpoint)
+        if freed:
+            self._release()
+
+    def forget(self, endpoint: Endpoint) -> None:
+        """The connection closed: its frames are gone."""
+        self.held -= endpoint.held
+        endpoint.held = 0
+        self.reading.discard(endpoint)
+        self.waiting.discard(endpoint)
+        self._release()
+
+    def _release(self) -> None:
+        if not self.waiting:
+            return
+        if self.held <= self.limit:
+            resumed, self.waiting = self.waiting, set()
+        elif not self.reading:
+            resumed = {max(self.waiting, key=lambda e: e.held)}
+            self.waiting -= resumed
+        else:
+            return
+        for endpoint in resumed:
+            self.reading.add(endpoint)
+            endpoint.resume("buffer budget")
+
+
+_budgets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # event loop -> its BufferBudget
+
+
+def loop_buffer_budget() -> BufferBudget:
+    loop = asyncio.get_running_loop()
+    budget = _budgets.get(loop)
+    if budget is None:
+        budget = _budgets[loop] = BufferBudget(buffer_budget_limit())
+    return budget
+
+
 @dataclass(eq=False)
 class Relay:
     """Live state of one proxied connection (for limits, idle reaping and shutdown)."""
@@ -268,6 +363,7 @@ class Relay:
     # Events not yet given to observers (more than a step's worth came at once), in order.
     _unobserved: deque | None = field(default=None, repr=False)
     _request_deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
+    budget: BufferBudget | None = None
 
     @property
     def in_flight(self) -> int:
@@ -295,6 +391,8 @@ class Relay:
         for endpoint in (self.client, self.broker):
             if endpoint is not None:
                 endpoint.close()
+                if self.budget is not None:
+                    self.budget.forget(endpoint)
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
 
@@ -306,8 +404,12 @@ class Relay:
         try:
             if endpoint is self.client:
                 self._from_client(data)
+                held = self.tracker.client_partial
             else:
                 self._from_broker(data)
+                held = self.tracker.buffered - self.tracker.client_partial
+            if held != endpoint.held and self.close_reason is None:
+                self.budget.update(endpoint, held)
         except Exception as exc:                 # noqa: BLE001 - a bug must close one connection, not the loop
             log.exception("conn=%d relaying failed", self.info.id if self.info else 0)
             self.finish(f"internal error: {type(exc).__name__}: {exc}")
@@ -499,6 +601,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
                                transform=policy.transform)
     relay.observers = policy.observers
+    relay.budget = loop_buffer_budget()
     for endpoint in (client, broker):
         endpoint.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
     log.info("conn=%d open client=%s:%d listener=%s upstream=%s:%d",

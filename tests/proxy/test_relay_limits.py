@@ -8,12 +8,16 @@
   events per turn of the event loop, in order.
 - A request trickled a byte at a time kept its connection open forever (every byte is
   activity): a request must now be complete ``REQUEST_DEADLINE_S`` after its first byte.
+- Item 7: connections each sending most of a large frame held it all (5 x 96 MiB took
+  RSS to 659 MB): past a process-wide buffer budget kproxy stops reading the sides
+  that hold incomplete frames, all but one, and every frame still completes.
 
 Real Kafka 4.4 broker, raw sockets sending exactly the bytes in question.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 
@@ -22,6 +26,7 @@ import pytest
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy import relay as relay_module
 from kproxy.proxy.relay import MAX_IN_FLIGHT_PER_CONNECTION, OBSERVER_EVENTS_PER_STEP, READ_CHUNK
+from tests.protocol.test_connection import produce_v9
 from tests.proxy.test_faults import (API_VERSIONS, CLOSE_TIMEOUT_S, FETCH, FETCH_VERSION, METADATA,  # noqa: F401
                                      RawClient, close_reasons, fetch_fields, kproxy_log, request_frame,
                                      start_proxy, topic, wait_for)
@@ -34,6 +39,10 @@ PIPELINED_API_VERSIONS = 10_000   # tiny requests: thousands in one read
 SETTLE_S = 2.0                    # how long the pipelining client is watched
 TRICKLE_DEADLINE_S = 1.5          # the request deadline, shortened for the test
 TRICKLE_INTERVAL_S = 0.3          # one byte this often: active, never complete
+BUDGET_BYTES = 4 * 1024 * 1024    # the process-wide buffer budget, shortened for the test
+BIG_FRAME_BYTES = 3 * 1024 * 1024
+BIG_FRAME_CLIENTS = 8             # 8 x 2.5 MiB held without a budget: 5 times the budget
+BIG_FRAME_FIRST_PART = 5 / 6      # what each client sends before the test lets it finish
 
 
 def send_in_background(client: RawClient, data: bytes) -> None:
@@ -114,3 +123,48 @@ def test_a_trickled_request_closes_at_the_request_deadline(start_proxy, kproxy_l
     assert closed, f"connection still open {time.monotonic() - started:.1f}s into a trickled request"
     wait_for(lambda: close_reasons(kproxy_log), CLOSE_TIMEOUT_S, "the close to be logged")
     assert any("request not complete" in reason for reason in close_reasons(kproxy_log))
+
+
+def test_large_incomplete_frames_are_held_within_the_buffer_budget(start_proxy, monkeypatch):
+    monkeypatch.setattr(relay_module, "DEFAULT_BUFFER_BUDGET", BUDGET_BYTES)
+    proxy = start_proxy()
+    # A Produce Kafka answers although its body ends in trailing bytes (megabytes of them).
+    rest = struct.pack(">i", 1000) + b"\x01\x00"
+    frame = produce_v9(1, acks=1, rest=rest + b"j" * (BIG_FRAME_BYTES - len(rest)))
+    cut = int(len(frame) * BIG_FRAME_FIRST_PART)
+    finish = threading.Event()
+    clients = [RawClient(proxy.bootstrap) for _ in range(BIG_FRAME_CLIENTS)]
+
+    def send(client):
+        try:
+            client.sock.sendall(frame[:cut])
+            finish.wait()
+            client.sock.sendall(frame[cut:])
+        except OSError:
+            pass
+
+    for client in clients:
+        threading.Thread(target=send, args=(client,), daemon=True).start()
+
+    async def held():
+        return [r.tracker.buffered for r in proxy.runtime.proxy.relays if r.tracker]
+
+    peaks = []
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        peaks.append(sum(proxy.call(held())))
+        time.sleep(0.05)
+    finish.set()
+    try:
+        # Every frame completes: the one side still read finishes, the next is let go, ...
+        wait_for(lambda: len(proxy.call(held())) == BIG_FRAME_CLIENTS and not any(proxy.call(held())),
+                 CLOSE_TIMEOUT_S * 3, "every large frame to complete")
+        for client in clients:                   # and is answered
+            size, = struct.unpack(">i", client._recv_exactly(4))
+            assert struct.unpack_from(">i", client._recv_exactly(size))[0] == 1
+    finally:
+        for client in clients:
+            client.close()
+    # Over the budget by at most the one frame still read and a read per paused side.
+    assert max(peaks) <= BUDGET_BYTES + len(frame) + BIG_FRAME_CLIENTS * READ_CHUNK
+    assert max(peaks) > BUDGET_BYTES              # the budget was met, not merely never reached

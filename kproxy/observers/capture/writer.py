@@ -40,7 +40,6 @@ from collections import deque
 
 from .files import FileSet
 from .jsonl import JsonlSink
-from .parquet import ParquetSink
 from .pcapng import PcapngSink
 from .redact import scrub_frame
 from ...protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
@@ -83,8 +82,11 @@ class Writer(threading.Thread):
         self.files = FileSet(config.directory, config.prefix, config.rotate_bytes,
                              config.rotate_seconds, config.max_total_bytes, self.capture)
         self.jsonl = JsonlSink(self.files, self.capture) if "jsonl" in config.formats else None
-        self.parquet = ParquetSink(self.files, self.capture, config.parquet_batch_rows,
-                                   config.parquet_flush_seconds) if "parquet" in config.formats else None
+        self.parquet = None
+        if "parquet" in config.formats:
+            from .parquet import ParquetSink     # pyarrow (~40 MiB) only when Parquet is written
+            self.parquet = ParquetSink(self.files, self.capture, config.parquet_batch_rows,
+                                       config.parquet_flush_seconds)
         self.pcap = PcapngSink(self.files, self.capture) if "pcapng" in config.formats else None
         self.sinks = [s for s in (self.jsonl, self.parquet, self.pcap) if s is not None]
         self.rows = self.jsonl is not None or self.parquet is not None

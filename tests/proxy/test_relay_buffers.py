@@ -1,0 +1,86 @@
+"""The relay's buffers: the shared read arena never overwrites what anyone can see; the
+buffer budget pauses holders of incomplete frames but always lets one proceed."""
+
+from kproxy.proxy.relay import MIN_READ_ROOM, READ_CHUNK, ReadArena
+
+
+def read(arena: ReadArena, payload: bytes) -> memoryview:
+    """What the event loop does for one read: ask for room, fill it, report the count."""
+    room = arena.room()
+    room[:len(payload)] = payload
+    data = room[:len(payload)]
+    del room
+    arena.filled(len(payload))
+    return data
+
+
+def test_a_read_nobody_kept_is_overwritten_by_the_next():
+    arena = ReadArena()
+    first = read(arena, b"a" * 1000)
+    address = first.obj
+    del first
+    second = read(arena, b"b" * 1000)
+    assert second.obj is address and bytes(second[:1]) == b"b"     # same buffer, from the start
+
+
+def test_a_kept_read_is_never_overwritten():
+    arena = ReadArena()
+    kept = [read(arena, bytes([i]) * 20_000) for i in range(40)]    # ~800 KB: several buffers
+    for i, data in enumerate(kept):
+        assert bytes(data) == bytes([i]) * 20_000
+    assert len({id(d.obj) for d in kept}) > 1                       # fresh buffers were started
+
+
+def test_every_read_gets_at_least_the_minimum_room():
+    arena = ReadArena()
+    kept = []
+    for _ in range(20):
+        room = arena.room()
+        assert MIN_READ_ROOM <= len(room) <= READ_CHUNK
+        del room
+        kept.append(read(arena, b"x" * 30_000))
+
+
+# ---------------------------------------------------------------- the buffer budget
+
+class Side:
+    """What the budget needs of an Endpoint: its held bytes and pause/resume by reason."""
+
+    def __init__(self):
+        self.held = 0
+        self.paused: set[str] = set()
+
+    def pause(self, why):
+        self.paused.add(why)
+
+    def resume(self, why):
+        self.paused.discard(why)
+
+
+def test_over_the_budget_one_holder_is_still_read_and_the_rest_wait():
+    from kproxy.proxy.relay import BufferBudget
+    budget = BufferBudget(limit=100)
+    a, b, c = Side(), Side(), Side()
+    for side, held in ((a, 40), (b, 40), (c, 40)):
+        budget.update(side, held)            # 120 > 100 on c's read: a and b are still read
+    assert c.paused and not a.paused and not b.paused
+    budget.update(a, 60)
+    assert a.paused                          # b is still read
+    budget.update(b, 70)
+    assert not b.paused                      # the last one read keeps going: frames must finish
+    budget.update(b, 0)                      # b's frame completed: 100 held, within the limit
+    assert not a.paused and not c.paused
+
+
+def test_when_no_holder_is_read_the_largest_waiting_one_goes_next():
+    from kproxy.proxy.relay import BufferBudget
+    budget = BufferBudget(limit=100)
+    a, b, c = Side(), Side(), Side()
+    budget.update(a, 90)
+    budget.update(b, 50)                     # over: b waits, a is read
+    budget.update(c, 70)                     # c waits too
+    assert b.paused and c.paused and not a.paused
+    budget.update(a, 0)                      # a done; 120 held still over: c (the most) goes
+    assert not c.paused and b.paused
+    budget.forget(c)                         # c's connection closed: 50 held, all go
+    assert not b.paused
