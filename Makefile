@@ -2,9 +2,12 @@
 #   make demo   set up, start a local Kafka broker, run traffic through kproxy, capture it,
 #               and (on Ctrl-C) analyse the capture with Spark
 #   make test   set up and run the test suite
+# Both install the versions pinned in constraints.txt. Supply chain:
+#   make constraints   re-resolve constraints.txt from pyproject.toml (ARGS=--upgrade: newest)
+#   make audit         known vulnerabilities in those pins (exit 2: no advisory database reachable)
 VENV := .venv
 
-.PHONY: setup test demo schema schema-check bench
+.PHONY: setup test demo schema schema-check bench constraints audit
 
 setup:
 	@bash scripts/setup.sh
@@ -23,3 +26,9 @@ schema-check:
 
 bench: setup
 	$(VENV)/bin/python benchmarks/bench_codec.py
+
+constraints:
+	@bash scripts/constraints.sh $(ARGS)
+
+audit:
+	@bash scripts/audit.sh

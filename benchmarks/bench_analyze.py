@@ -7,10 +7,17 @@ a cache directory for later runs), then runs ``python -m kproxy analyze DIR
 --out OUT --master local[2]`` as a subprocess, as a user would, and reports
 wall time (JVM start included), pairs per second, the time of each stage (from
 the job's own progress lines) and peak resident memory of the Python driver
-and of its JVM (``VmHWM`` from /proc, polled while they run).
+and of its JVM (``VmHWM`` from /proc, polled while they run), and the load
+average around each run (the machine may be shared: compare runs made together).
+
+``--code DIR`` (repeatable) runs the kproxy checked out at DIR instead of this
+one, so two commits are compared in one run on the same input: ``--code
+/path/to/old --code . --repeat 3`` alternates old and new three times per size
+and prints each one's median wall time and the ratio of the medians.
 
     python benchmarks/bench_analyze.py [--rows 1000000,10000000] [--json] [--no-report]
         [--cache DIR] [--master local[2]] [--spark-conf KEY=VALUE ...] [--timeout S]
+        [--code DIR ...] [--repeat N]
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -118,18 +126,20 @@ class PeakMemory(threading.Thread):
             self.finished.wait(POLL_S)
 
 
-def run_analyze(directory: Path, rows: int, args) -> dict:
-    """Time one ``kproxy analyze`` subprocess; its progress lines are echoed to stderr as they come."""
+def run_analyze(directory: Path, rows: int, args, code: Path = ROOT) -> dict:
+    """Time one ``kproxy analyze`` subprocess of the kproxy at ``code``; its progress lines are
+    echoed to stderr as they come."""
     out = Path(tempfile.mkdtemp(prefix="kproxy-bench-analyze-out-"))
     command = [sys.executable, "-m", "kproxy", "analyze", str(directory), "--out", str(out),
                "--master", args.master]
     if args.no_report:
         command.append("--no-report")
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(code) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if args.spark_conf:
         env["PYSPARK_SUBMIT_ARGS"] = " ".join(f"--conf {c}" for c in args.spark_conf) + " pyspark-shell"
+    load_before = os.getloadavg()[0]
     began = time.monotonic()
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    process = subprocess.Popen(command, cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)     # its JVM is in its session
     memory = PeakMemory(process.pid)
     memory.start()
@@ -163,11 +173,12 @@ def run_analyze(directory: Path, rows: int, args) -> dict:
     reader.join()
     memory.finished.set()
     memory.join()
-    result = {"rows": rows, "files": sum(1 for p in directory.glob("*.parquet")),
+    result = {"code": str(code), "rows": rows, "files": sum(1 for p in directory.glob("*.parquet")),
               "capture_mb": round(sum(p.stat().st_size for p in directory.glob("*.parquet")) / 1e6, 1),
               "wall_s": round(wall, 1), "rows_per_s": None if timed_out else round(rows / wall),
               "stage_s": stages, "stages_total_s": round(sum(stages.values()), 1),
-              "peak_jvm_mb": round(memory.jvm_kb / 1024), "peak_python_mb": round(memory.python_kb / 1024)}
+              "peak_jvm_mb": round(memory.jvm_kb / 1024), "peak_python_mb": round(memory.python_kb / 1024),
+              "load_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)]}
     if timed_out:
         result["error"] = f"stopped after --timeout {args.timeout:g}s"
     elif process.returncode != 0:
@@ -196,25 +207,57 @@ def main() -> int:
                         help="extra Spark setting for the run (spark-submit --conf), repeatable")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="stop a run after S seconds and report the stages it finished")
+    parser.add_argument("--code", action="append", default=[], metavar="DIR",
+                        help="run the kproxy checked out at DIR (repeatable: compared side by side; "
+                             "default: this checkout)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="runs per size and --code, alternating between the --code trees")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.cache_dir = Path(args.cache)
     args.cache_dir.mkdir(parents=True, exist_ok=True)
+    codes = [Path(c).resolve() for c in args.code] or [ROOT]
+    for code in codes:
+        if not (code / "kproxy" / "pipeline").is_dir():
+            parser.error(f"--code {code}: no kproxy/pipeline there")
     results = []
     for rows in (int(r) for r in args.rows.split(",")):
-        result = run_analyze(capture(args.cache_dir, rows), rows, args)
-        results.append(result)
-        if "error" in result:
-            print(f"{rows:,} pairs: {result['error']} (log: {result['log']})", file=sys.stderr)
-        if not args.json:
-            speed = (f"{result['rows_per_s']:,} pairs/s" if result["rows_per_s"] else "did not finish")
-            print(f"{rows:>12,} pairs  {result['wall_s']:7.1f} s  {speed:>16}  "
-                  f"peak JVM {result['peak_jvm_mb']:,} MB, Python {result['peak_python_mb']:,} MB", flush=True)
+        directory = capture(args.cache_dir, rows)
+        for _ in range(args.repeat):
+            for code in codes:
+                result = run_analyze(directory, rows, args, code)
+                results.append(result)
+                if "error" in result:
+                    print(f"{rows:,} pairs: {result['error']} (log: {result['log']})", file=sys.stderr)
+                if not args.json:
+                    speed = (f"{result['rows_per_s']:,} pairs/s" if result["rows_per_s"] else "did not finish")
+                    label = f"  {code}" if len(codes) > 1 else ""
+                    print(f"{rows:>12,} pairs  {result['wall_s']:7.1f} s  {speed:>16}  "
+                          f"peak JVM {result['peak_jvm_mb']:,} MB, Python {result['peak_python_mb']:,} MB  "
+                          f"load {result['load_1min'][0]}-{result['load_1min'][1]}{label}", flush=True)
+        if len(codes) > 1 and not args.json:
+            print(compare(rows, codes, results), flush=True)
     if args.json:
         print(json.dumps({"python": platform.python_version(), "machine": platform.machine(),
                           "cpus": os.cpu_count(), "master": args.master, "report": not args.no_report,
-                          "spark_conf": args.spark_conf, "results": results}, indent=2))
+                          "spark_conf": args.spark_conf, "repeat": args.repeat,
+                          "results": results}, indent=2))
     return 0
+
+
+def compare(rows: int, codes: list[Path], results: list[dict]) -> str:
+    """Median wall time of each --code tree's finished runs at ``rows``, as a ratio to the first's."""
+    medians = {}
+    for code in codes:
+        walls = [r["wall_s"] for r in results
+                 if r["rows"] == rows and r["code"] == str(code) and "error" not in r]
+        medians[code] = statistics.median(walls) if walls else None
+    base = medians[codes[0]]
+    lines = []
+    for code, median in medians.items():
+        ratio = f"  x{median / base:.2f} of the first" if base and median and code != codes[0] else ""
+        lines.append(f"{rows:>12,} pairs  median {median if median is None else f'{median:.1f} s'}{ratio}  {code}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 stamp="$VENV/.kproxy-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
     "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q -e '.[test,analysis]'
+    # The exact versions in constraints.txt (refresh: make constraints), not whatever is newest.
+    "$VENV/bin/pip" install -q -e '.[test,analysis]' -c constraints.txt
     touch "$stamp"
 fi
 

@@ -20,10 +20,11 @@ DEFAULT_TOP = 20
 # Shuffle partitions when kproxy starts a local Spark: the default 200 makes every
 # aggregation of a laptop-sized capture pay for 200 tiny tasks. Per core, a few.
 LOCAL_SHUFFLE_PARTITIONS_PER_CORE = 2
-# Heap for a local Spark kproxy starts (driver and executors share it). Spark's default
-# 1 GiB runs out of memory caching 10 M pairs (measured: OutOfMemoryError in the first
-# stage); 4 GiB ran them with a 4.7 GB peak. A quarter of the machine, within bounds;
-# spark.driver.memory in PYSPARK_SUBMIT_ARGS (or spark-submit) wins.
+# Heap for a local Spark kproxy starts (driver and executors share it). Since the job
+# caches no Parquet pairs, 10 M pairs run in Spark's default 1 GiB (1.5 GB peak RSS); the
+# JSONL disk cache, shuffles of larger captures and wider tables still want headroom, so a
+# quarter of the machine, within bounds; spark.driver.memory in PYSPARK_SUBMIT_ARGS (or
+# spark-submit) wins.
 LOCAL_DRIVER_MEMORY_SHARE = 0.25
 LOCAL_DRIVER_MEMORY_MIN_MB = 1024
 LOCAL_DRIVER_MEMORY_MAX_MB = 16 * 1024

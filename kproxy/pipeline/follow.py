@@ -65,8 +65,8 @@ from functools import reduce
 
 from ..observers.capture.config import DEFAULT_ROTATE_SECONDS
 from . import tables as T
-from .source import (_NAME, InputError, _format_of, _is_uri, _local, check_file,
-                     prepare, read_with, resolve_inputs, spark_schema)
+from .source import (InputError, capture_name, check_file, format_of, is_uri, local_path,
+                     prepare, read_with, resolve_inputs)
 
 STREAMED_TABLES = ("series", "client_inventory")
 # A capture file holds up to one rotation of pairs, and sidecars writing to one
@@ -87,6 +87,9 @@ JSONL_CLOSED_AFTER_S = DEFAULT_ROTATE_SECONDS + 60
 # Ctrl-C lets the micro-batch in progress finish for up to this long before stopping it.
 STOP_GRACE_S = 60.0
 _LOOP_S = 0.5
+# The shape of what a checkpoint holds (stream state, merged connection rows); a checkpoint
+# of another shape cannot be continued. 2: conn_key a struct, no longer a string.
+CHECKPOINT_LAYOUT = 2
 
 
 @dataclass
@@ -102,9 +105,9 @@ class _Layout:
     """Where follow keeps things under OUT."""
 
     def __init__(self, out: str):
-        if _is_uri(out):
+        if is_uri(out):
             raise InputError("--follow writes its tables to a local --out directory")
-        self.out = _local(out)
+        self.out = local_path(out)
         self.checkpoints = os.path.join(self.out, "_checkpoints")
         self.settings = os.path.join(self.checkpoints, "follow.json")
         self.fed = os.path.join(self.checkpoints, "fed.txt")
@@ -144,7 +147,7 @@ class _Feeder:
                 raise InputError(f"cannot list {directory}: {exc.strerror}") from None
             for name in names:
                 path = os.path.join(directory, name)
-                if _format_of(name) == self.fmt and os.path.isfile(path):
+                if format_of(name) == self.fmt and os.path.isfile(path):
                     found.append(path)
         return found
 
@@ -219,25 +222,21 @@ def _closed_files(paths: list[str], fmt: str) -> list[str]:
                 continue
             closed.append(path)
         return closed
+    names = {path: capture_name(path) for path in paths}
     latest: dict[tuple[str, str, str], tuple[str, int]] = {}
-    for path in paths:
-        match = _NAME.match(os.path.basename(path))
-        if match:
-            key = (os.path.dirname(path), match["prefix"], match["ext"])
-            latest[key] = max(latest.get(key, ("", -1)), (match["stamp"], int(match["seq"])))
+    for name in names.values():
+        if name is not None:
+            latest[name.session] = max(latest.get(name.session, ("", -1)), (name.stamp, name.seq))
     now = time.time()
     closed = []
-    for path in paths:
-        match = _NAME.match(os.path.basename(path))
-        if match is None:
+    for path, name in names.items():
+        if name is None:
             created = os.path.getmtime(path)
         else:
-            key = (os.path.dirname(path), match["prefix"], match["ext"])
-            if (match["stamp"], int(match["seq"])) < latest[key]:
+            if (name.stamp, name.seq) < latest[name.session]:
                 closed.append(path)              # a later file of the same session exists
                 continue
-            created = dt.datetime.strptime(match["stamp"], "%Y%m%dT%H%M%S").replace(
-                tzinfo=dt.timezone.utc).timestamp()
+            created = name.opened.timestamp()
         if os.path.getsize(path) > 0 and now - created >= JSONL_CLOSED_AFTER_S:
             closed.append(path)
     return closed
@@ -247,21 +246,21 @@ def _inputs(paths: list[str], fmt: str, once: bool) -> tuple[list[str], str, boo
     """(local directories or one URI, format, local?) for ``--follow``; InputError if unusable."""
     if fmt not in ("auto", "parquet", "jsonl"):
         raise InputError(f"--format must be auto, parquet or jsonl, got {fmt!r}")
-    if any(_is_uri(p) for p in paths):
+    if any(is_uri(p) for p in paths):
         if len(paths) > 1:
             raise InputError("--follow reads one URI, or local directories")
         inputs = resolve_inputs(paths, fmt)
         return [paths[0]], inputs.format, False
     directories = []
     for path in paths:
-        local = _local(path)
+        local = local_path(path)
         if os.path.isfile(local):
             raise InputError(f"{path}: --follow reads a capture directory (analyze a file without --follow)")
         if not os.path.isdir(local):
             raise InputError(f"no such directory: {path}")
         directories.append(local)
     names = [n for d in directories for n in os.listdir(d)]
-    present = {f for f in (_format_of(n) for n in names) if f}
+    present = {f for f in (format_of(n) for n in names) if f}
     if fmt == "auto":
         if not present:
             raise InputError(f"no capture files in {' '.join(paths)} yet: start the capture "
@@ -372,10 +371,14 @@ def _start(spark, name: str, location: str, fmt: str, options, local: bool, layo
 
 def _settings(layout: _Layout, options, fmt: str) -> None:
     """Start fresh, or refuse to continue a checkpoint made with another window or format."""
-    wanted = {"window_seconds": options.window_seconds, "format": fmt}
+    wanted = {"window_seconds": options.window_seconds, "format": fmt, "layout": CHECKPOINT_LAYOUT}
     if os.path.exists(layout.settings):
         with open(layout.settings) as f:
             saved = json.load(f)
+        if saved.get("layout", 1) != CHECKPOINT_LAYOUT:
+            raise InputError(f"{layout.checkpoints} was made by another kproxy version: use another "
+                             f"--out, or delete {layout.checkpoints} and "
+                             f"{os.path.join(layout.out, 'tables')} to start over")
         for key, flag in (("window_seconds", "--window"), ("format", "--format")):
             if saved.get(key) != wanted[key]:
                 raise InputError(f"{layout.checkpoints} was made with {flag} {saved.get(key)}, not "

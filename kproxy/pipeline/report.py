@@ -284,6 +284,26 @@ def _legend(ax) -> None:
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
+def _bars(plots: _Plots, name: str, alt: str, title: str, xlabel: str, labels: list[str],
+          stacks: list[tuple[list[int], str, str | None]]) -> Plot:
+    """Horizontal count bars, the first label at the bottom; ``stacks`` are (counts, colour,
+    legend label or None), drawn end to end."""
+    def paint(fig):
+        ax = fig.add_subplot()
+        y = range(len(labels))
+        left = [0] * len(labels)
+        for counts, colour, label in stacks:
+            ax.barh(y, counts, left=left, color=colour, height=0.6, label=label)
+            left = [a + b for a, b in zip(left, counts)]
+        ax.set_yticks(list(y), labels)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(xlabel)
+        ax.set_title(title)
+        ax.grid(axis="y", visible=False)
+        _legend(ax)
+    return plots.draw(name, alt, paint, height=max(1.6, 0.7 + 0.28 * len(labels)))
+
+
 # ------------------------------------------------------------------ sections
 
 @dataclass
@@ -602,17 +622,10 @@ def _clients(data: _Data) -> str:
         software[_software(r)] += r.get("connections") or 0
     if software:
         ranked = sorted(software.items(), key=lambda kv: (-kv[1], kv[0]))[:BAR_MAX_ROWS][::-1]
-
-        def paint(fig):
-            ax = fig.add_subplot()
-            ax.barh(range(len(ranked)), [n for _, n in ranked], color=PALETTE[0], height=0.6)
-            ax.set_yticks(range(len(ranked)), [_label(name) for name, _ in ranked])
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_xlabel("connections")
-            ax.set_title("Connections per client software and version")
-            ax.grid(axis="y", visible=False)
-        parts.append(data.plots.draw("client_software", "connections per client software", paint,
-                                     height=max(1.6, 0.7 + 0.28 * len(ranked))).html(
+        parts.append(_bars(data.plots, "client_software", "connections per client software",
+                           "Connections per client software and version", "connections",
+                           [_label(name) for name, _ in ranked],
+                           [([n for _, n in ranked], PALETTE[0], None)]).html(
             "Connections opened by each client library and version."))
     cols = (Col("software", "client_software_name", css="k"), Col("version", "client_software_version", css="k"),
             Col("client", _client, css="name"), Col("connections", "connections", _int, True),
@@ -866,24 +879,12 @@ def _connections(data: _Data) -> str:
             counts[1] += r.get("short_lived") or 0
         shown = sorted(per_client.items(), key=lambda kv: (-kv[1][0], -kv[1][1], str(kv[0])))
         shown = shown[:BAR_MAX_ROWS][::-1]
-
-        def paint(fig):
-            ax = fig.add_subplot()
-            y = range(len(shown))
-            short = [counts[1] for _, counts in shown]
-            longer = [counts[0] - counts[1] for _, counts in shown]
-            ax.barh(y, longer, color=PALETTE[0], height=0.6, label="lived longer")
-            ax.barh(y, short, left=longer, color=PALETTE[1], height=0.6,
-                    label=f"lived < {T.SHORT_LIVED_CONNECTION_S:g} s")
-            ax.set_yticks(list(y), [_label(f"{_label(client, '(no client id)')} @ {host or '?'}")
-                                    for (client, host), _ in shown])
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_xlabel("connections opened")
-            ax.set_title("Connections per client")
-            ax.grid(axis="y", visible=False)
-            _legend(ax)
-        parts.append(data.plots.draw("connections", "connections per client", paint,
-                                     height=max(1.6, 0.7 + 0.28 * len(shown))).html(
+        parts.append(_bars(data.plots, "connections", "connections per client", "Connections per client",
+                           "connections opened",
+                           [_label(f"{_label(client, '(no client id)')} @ {host or '?'}") for (client, host), _ in shown],
+                           [([counts[0] - counts[1] for _, counts in shown], PALETTE[0], "lived longer"),
+                            ([counts[1] for _, counts in shown], PALETTE[1],
+                             f"lived < {T.SHORT_LIVED_CONNECTION_S:g} s")]).html(
             "Connections each client opened, the short-lived ones in orange: a long orange bar is a "
             "client that keeps reconnecting."))
     cols = (Col("client", _client, css="name"), Col("proxy", "proxy_instance", css="k"),

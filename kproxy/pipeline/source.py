@@ -19,6 +19,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlparse
 
 from ..observers.capture.parquet import SCHEMA as ARROW_SCHEMA
@@ -30,7 +31,7 @@ _EXTENSIONS = {"parquet": (".parquet",), "jsonl": (".jsonl", ".jsonl.gz")}
 _IGNORED = (".pcapng",)
 SCHEMA_VERSION_KEY = b"kproxy.capture.schema_version"
 # A capture file name: <prefix>-<UTC yyyymmddThhmmss>-<seq>.<ext> (see observers/capture/files.py).
-_NAME = re.compile(r"^(?P<prefix>.+)-(?P<stamp>\d{8}T\d{6})-(?P<seq>\d+)\.(?P<ext>[a-z.]+)$")
+_FILE_NAME = re.compile(r"^(?P<prefix>.+)-(?P<stamp>\d{8}T\d{6})-(?P<seq>\d+)\.(?P<ext>[a-z.]+)$")
 # Columns no question reads: left out of the cached frame.
 _UNUSED = ("upstream_host", "upstream_port", "listener", "compression", "decode_error")
 LONG_POLL_APIS = ("Fetch", "ShareFetch")
@@ -50,20 +51,42 @@ class Inputs:
     pruned: int = 0                        # files left out because they end before --since
 
 
-def _is_uri(path: str) -> bool:
+def is_uri(path: str) -> bool:
+    """A Hadoop URI (``s3a://``, ``hdfs://``), not a local path (``file:`` counts as local)."""
     scheme = urlparse(path).scheme
     return len(scheme) > 1 and scheme != "file"       # "C:" is not a scheme
 
 
-def _local(path: str) -> str:
+def local_path(path: str) -> str:
+    """A local path or ``file:`` URI as a plain path."""
     return urlparse(path).path if path.startswith("file:") else path
 
 
-def _format_of(name: str) -> str | None:
+def format_of(name: str) -> str | None:
+    """``parquet`` or ``jsonl`` from a capture file's extension, None for anything else."""
     for fmt, extensions in _EXTENSIONS.items():
         if name.endswith(extensions):
             return fmt
     return None
+
+
+class CaptureName(NamedTuple):
+    """What a capture file's name says: the session it belongs to and its place in it."""
+    session: tuple[str, str, str]          # (directory, prefix, extension): one rotating series
+    stamp: str                             # UTC yyyymmddThhmmss the file was opened
+    seq: int
+
+    @property
+    def opened(self) -> dt.datetime:
+        return dt.datetime.strptime(self.stamp, "%Y%m%dT%H%M%S").replace(tzinfo=dt.timezone.utc)
+
+
+def capture_name(path: str) -> CaptureName | None:
+    """Parse ``<prefix>-<stamp>-<seq>.<ext>``; None for a file named otherwise."""
+    match = _FILE_NAME.match(os.path.basename(path))
+    if match is None:
+        return None
+    return CaptureName((os.path.dirname(path), match["prefix"], match["ext"]), match["stamp"], int(match["seq"]))
 
 
 def resolve_inputs(paths: list[str], fmt: str = "auto", since: dt.datetime | None = None) -> Inputs:
@@ -75,10 +98,10 @@ def resolve_inputs(paths: list[str], fmt: str = "auto", since: dt.datetime | Non
     found: list[str] = []
     remote: list[str] = []
     for path in paths:
-        if _is_uri(path):
+        if is_uri(path):
             remote.append(path)
             continue
-        local = _local(path)
+        local = local_path(path)
         if any(ch in local for ch in "*?["):
             matches = sorted(glob.glob(local))
             if not matches:
@@ -86,12 +109,12 @@ def resolve_inputs(paths: list[str], fmt: str = "auto", since: dt.datetime | Non
             found.extend(m for m in matches if os.path.isfile(m))
         elif os.path.isdir(local):
             entries = sorted(os.path.join(local, n) for n in os.listdir(local))
-            found.extend(e for e in entries if os.path.isfile(e) and _format_of(e))
+            found.extend(e for e in entries if os.path.isfile(e) and format_of(e))
         elif os.path.isfile(local):
             if local.endswith(_IGNORED):
                 raise InputError(f"{path}: pcapng is for Wireshark; analyze reads the .parquet or "
                                  f".jsonl files of a capture")
-            if _format_of(local) is None:
+            if format_of(local) is None:
                 raise InputError(f"{path}: not a capture file (expected .parquet or .jsonl)")
             found.append(local)
         else:
@@ -101,7 +124,7 @@ def resolve_inputs(paths: list[str], fmt: str = "auto", since: dt.datetime | Non
             raise InputError("mix of local paths and URIs: give one kind per run")
         chosen = "parquet" if fmt == "auto" else fmt
         return Inputs(tuple(remote), chosen)
-    by_format = {f: [p for p in found if _format_of(p) == f] for f in FORMATS}
+    by_format = {f: [p for p in found if format_of(p) == f] for f in FORMATS}
     if fmt == "auto":
         # A capture written in both formats holds the same pairs twice: read Parquet (faster).
         fmt = "parquet" if by_format["parquet"] else "jsonl"
@@ -127,25 +150,21 @@ def prune_before(files: list[str], since: dt.datetime) -> tuple[list[str], int]:
     exists for a file's first row (an unanswered request can be hours old when
     the connection closes), so ``--until`` is left to Parquet's row-group statistics.
     """
-    series: dict[tuple[str, str, str], list[tuple[str, int, str]]] = {}
+    series: dict[tuple[str, str, str], list[tuple[CaptureName, str]]] = {}
     kept: list[str] = []
     for path in files:
-        match = _NAME.match(os.path.basename(path))
-        if match is None:
+        name = capture_name(path)
+        if name is None:
             kept.append(path)
             continue
-        key = (os.path.dirname(path), match["prefix"], match["ext"])
-        series.setdefault(key, []).append((match["stamp"], int(match["seq"]), path))
+        series.setdefault(name.session, []).append((name, path))
     pruned = 0
     for entries in series.values():
         entries.sort()
-        for (_, _, path), following in zip(entries, entries[1:] + [None]):
-            if following is not None:
-                next_start = dt.datetime.strptime(following[0], "%Y%m%dT%H%M%S").replace(
-                    tzinfo=dt.timezone.utc)
-                if next_start + dt.timedelta(seconds=1) <= since:
-                    pruned += 1
-                    continue
+        for (_, path), following in zip(entries, entries[1:] + [None]):
+            if following is not None and following[0].opened + dt.timedelta(seconds=1) <= since:
+                pruned += 1
+                continue
             kept.append(path)
     return sorted(kept), pruned
 
@@ -230,7 +249,9 @@ def prepare(df, since: dt.datetime | None = None, until: dt.datetime | None = No
     ``long_poll``: a Fetch/ShareFetch answered with no records, which waited for
     ``max.wait.ms`` by design; its latency is kept apart (as the metrics do).
     ``end_time``: when the response arrived (request time for rows without one).
-    ``conn_key``: a connection across merged captures (ids restart with a process).
+    ``conn_key``: a connection across merged captures (ids restart with a process): a
+    struct of the three columns, which Spark compares as they are; a string of them cost
+    every connection-keyed table a timestamp formatted per row (twice the time at 10 M pairs).
     """
     from pyspark.sql import functions as F
     if since is not None:
@@ -245,10 +266,7 @@ def prepare(df, since: dt.datetime | None = None, until: dt.datetime | None = No
             .withColumn("throttled", F.coalesce(F.col("throttle_ms"), F.lit(0)) > 0)
             .withColumn("end_time", F.timestamp_micros(
                 F.unix_micros("time") + F.coalesce(F.col("latency_ms") * 1000.0, F.lit(0.0)).cast("long")))
-            .withColumn("conn_key", F.concat_ws(
-                "/", F.coalesce(F.col("proxy_instance"), F.lit("")),
-                F.coalesce(F.col("connection_start").cast("string"), F.lit("")),
-                F.col("connection_id").cast("string"))))
+            .withColumn("conn_key", F.struct("proxy_instance", "connection_start", "connection_id")))
 
 
 def load_capture(spark, paths: list[str], fmt: str = "auto", since: dt.datetime | None = None,

@@ -615,7 +615,8 @@ def test_cli_harness_catches_bad_values_and_unknown_flags(monkeypatch, capsys):
 
 # ---------------------------------------------------------------- Dockerfile
 
-def test_dockerfile_base_image_is_slim_python_3_11_or_3_12():
+def base_images() -> list[str]:
+    """The image of each FROM, with the ARGs declared before the first FROM filled in."""
     instructions = dockerfile_instructions()
     args = {}
     for word, rest in instructions:
@@ -624,10 +625,13 @@ def test_dockerfile_base_image_is_slim_python_3_11_or_3_12():
         if word == "ARG":
             key, _, value = rest.partition("=")
             args[key] = value
-    for word, rest in instructions:
-        if word == "FROM":
-            image = re.sub(r"\$\{?(\w+)\}?", lambda m: args[m[1]], rest.split()[0])
-            assert re.fullmatch(r"python:3\.1[12]-slim(-\w+)?", image), image
+    return [re.sub(r"\$\{?(\w+)\}?", lambda m: args[m[1]], rest.split()[0])
+            for word, rest in instructions if word == "FROM"]
+
+
+def test_dockerfile_base_image_is_slim_python_3_11_or_3_12():
+    for image in base_images():
+        assert re.fullmatch(r"python:3\.1[12]-slim(-\w+)?(@sha256:[0-9a-f]{64})?", image), image
 
 
 def test_dockerfile_runs_as_a_non_root_user():

@@ -111,6 +111,15 @@ def test_once_matches_batch_then_reads_only_the_new_file(spark, tmp_path, genera
     with pytest.raises(InputError, match="--window"):
         follow(spark, [str(capture)], out, Options(window_seconds=30), once=True, stream=log)
 
+    settings = os.path.join(out, "_checkpoints", "follow.json")
+    with open(settings) as f:
+        saved = json.load(f)
+    del saved["layout"]                     # as written before conn_key became a struct
+    with open(settings, "w") as f:
+        json.dump(saved, f)
+    with pytest.raises(InputError, match="another kproxy version"):
+        follow(spark, [str(capture)], out, Options(), once=True, stream=log)
+
 
 def test_runs_until_stopped_reading_files_as_the_capture_closes_them(spark, tmp_path, generated):
     capture, out = tmp_path / "capture", str(tmp_path / "out")
