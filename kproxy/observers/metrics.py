@@ -12,6 +12,13 @@ client's own words) and the opt-in ``group`` and ``principal`` labels; consumer
 group state is kept for a bounded number of groups, the least recently active
 evicted. Consumer lag is summed at scrape time from each connection's last
 Fetch positions and answers (partition headers only), dropped when it closes.
+
+Per-API series exist only for APIs seen, plus ``PREINITIALIZED_APIS``. What
+every pair updates (requests, latency, sizes, bytes, throttle, batches) is kept
+as plain numbers on the event loop, with no lock or label lookup per update,
+and turned into metric families by collectors when a scrape asks, possibly from
+another thread (see ``_histogram_sample``). Rarely updated metrics stay
+prometheus-client objects.
 """
 
 from __future__ import annotations
