@@ -14,6 +14,7 @@ absolute MB/s say more about the machine than about kproxy; the ratio
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -58,7 +59,7 @@ class ProxyProcess:
     Capture is controlled over the admin listener, as an operator would.
     """
 
-    def __init__(self, upstream: str, slow_disk_s: float = 0.0):
+    def __init__(self, upstream: str, slow_disk_s: float = 0.0, without_live_view: bool = False):
         port = free_port()
         self.bootstrap = f"127.0.0.1:{port}"
         self.admin = f"127.0.0.1:{free_port()}"
@@ -66,6 +67,8 @@ class ProxyProcess:
         self.argv = [sys.executable, str(launcher)]
         if slow_disk_s:
             self.argv += ["--slow-disk-ms", str(slow_disk_s * 1000)]
+        if without_live_view:
+            self.argv += ["--without-live-view"]
         self.argv += ["run", "--upstream", upstream, "--listen", self.bootstrap,
                       "--admin-listen", self.admin, "--broker-port-base", str(free_port()),
                       "--log-level", "WARNING"]
@@ -157,7 +160,7 @@ def consume(bootstrap: str, topic: str, records: int) -> float:
 
 
 def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | None = None,
-        capture_formats: tuple[str, ...] = ("jsonl",)) -> dict:
+        capture_formats: tuple[str, ...] = ("jsonl",), live_view: bool = False) -> dict:
     if broker == "tansu":
         from kproxy.embedded.tansu import TansuBroker
         cm = TansuBroker()
@@ -166,9 +169,12 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
         cm = KafkaCluster(1)
     mb = records * size / 1e6
     results = {"broker": broker, "records": records, "record_bytes": size, "rounds": rounds}
-    labels = ["direct", "kproxy"] + (["capture"] if capture_dir else [])
-    with cm as b:
+    labels = ["direct", "kproxy"] + (["capture"] if capture_dir else []) + (["nolive"] if live_view else [])
+    with cm as b, contextlib.ExitStack() as stack:
         upstream = b.bootstrap_servers
+        # --live-view: a second kproxy without the live page's observer ("nolive"), the
+        # "before" of what that observer costs with no page open.
+        bare = stack.enter_context(ProxyProcess(upstream, without_live_view=True)) if live_view else None
         with ProxyProcess(upstream, SLOW_DISK_DELAY_S if capture_dir else 0.0) as proxy:
             # Alternate the paths so JVM warm-up and machine noise hit all of them; report
             # each one's best round.
@@ -176,7 +182,8 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
                 # Rotate the order too: whichever path runs right after two others have
                 # written 50 MB each meets a busier broker (GC, log flushes).
                 for label in labels[round_no % len(labels):] + labels[:round_no % len(labels)]:
-                    bootstrap = upstream if label == "direct" else proxy.bootstrap
+                    bootstrap = (upstream if label == "direct" else
+                                 bare.bootstrap if label == "nolive" else proxy.bootstrap)
                     if label == "capture":
                         proxy.capture("start", {"directory": capture_dir, "formats": list(capture_formats)})
                     topic = f"bench-{label}-{uuid.uuid4().hex[:6]}"
@@ -191,7 +198,8 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
         for op in ("produce", "consume"):
             results[f"{label}_{op}_mb_s"] = max(results[f"{label}_{op}_rounds_mb_s"])
     for op in ("produce", "consume"):
-        pairs = [("", "kproxy", "direct")] + ([("capture_", "capture", "kproxy")] if capture_dir else [])
+        pairs = [("", "kproxy", "direct")] + ([("capture_", "capture", "kproxy")] if capture_dir else []) \
+            + ([("live_", "kproxy", "nolive")] if live_view else [])
         for prefix, path, reference in pairs:
             results[f"{prefix}{op}_ratio"] = results[f"{path}_{op}_mb_s"] / results[f"{reference}_{op}_mb_s"]
             # Rounds ran the paths back to back: the median of each round's own ratio is
@@ -211,12 +219,14 @@ def main() -> int:
     parser.add_argument("--capture-overload", metavar="FORMATS", nargs="?", const="jsonl",
                         help="also run kproxy with capture on (these formats; default jsonl, the "
                              "capture default) and a writer that cannot keep up")
+    parser.add_argument("--live-view", action="store_true",
+                        help="also run a kproxy without the live page's observer: its cost with no page open")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         formats = tuple(args.capture_overload.split(",")) if args.capture_overload else ()
         r = run(args.broker, args.records, args.size, args.rounds,
-                capture_dir=tmp if formats else None, capture_formats=formats)
+                capture_dir=tmp if formats else None, capture_formats=formats, live_view=args.live_view)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -226,6 +236,12 @@ def main() -> int:
     for op in ("produce", "consume"):
         print(f"{op:10}{r[f'direct_{op}_mb_s']:14.1f}{r[f'kproxy_{op}_mb_s']:14.1f}{r[f'{op}_ratio']:8.2f}"
               f"{r[f'{op}_ratio_median']:14.2f}")
+    if args.live_view:
+        print("\nthe live page's observer with no page open (kproxy) vs no such observer (nolive):")
+        print(f"{'':10}{'nolive MB/s':>14}{'kproxy MB/s':>14}{'ratio':>8}{'median ratio':>14}")
+        for op in ("produce", "consume"):
+            print(f"{op:10}{r[f'nolive_{op}_mb_s']:14.1f}{r[f'kproxy_{op}_mb_s']:14.1f}"
+                  f"{r[f'live_{op}_ratio']:8.2f}{r[f'live_{op}_ratio_median']:14.2f}")
     if args.capture_overload:
         print(f"\nwith capture on ({args.capture_overload}) and a writer that cannot keep up "
               f"(slow disk, {SLOW_DISK_DELAY_S * 1000:g} ms/write):")

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -139,6 +140,7 @@ async def _demo(args) -> int:
         host, port = runtime.proxy.bootstrap_address
         say(f"broker (upstream)  {node.host}:{node.port}  (clients never see this address)\n"
             f"kproxy bootstrap   {host}:{port}  <- point bootstrap.servers here\n"
+            f"live page          {runtime.admin_url}/   (admin token: {admin_token})\n"
             f"metrics            {runtime.admin_url}/metrics\n"
             f"health / ready     {runtime.admin_url}/healthz  {runtime.admin_url}/readyz\n"
             f"capture            curl -X POST -H 'Authorization: Bearer {admin_token}' "
@@ -262,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kafka").setLevel(logging.CRITICAL + 1)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         args.capture_dir = f"{DEMO_CAPTURE_ROOT}/demo-{stamp}"
+        # SIGTERM stops the demo as Ctrl-C does (clients, kproxy, then the broker), rather
+        # than killing Python and leaving the broker's JVM running.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             import uvloop
             status = uvloop.run(_demo(args))

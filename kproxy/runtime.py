@@ -23,8 +23,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .config import Config
 from .observers.capture import Capture
 from .observers.capture import control as capture_control
+from .observers.live import LiveView
 from .observers.metrics import Metrics
-from .proxy.admin import AdminServer, upstream_reachable
+from .proxy.admin import AdminServer, ScrapeBusy, SharedRender, upstream_reachable
+from .proxy.live_web import LiveRoutes
 from .proxy.relay import Observer
 from .proxy.server import Proxy
 
@@ -33,6 +35,9 @@ log = logging.getLogger("kproxy")
 # Need the admin token. The status is included: it names the capture directory, file
 # names and filters (client ids, topics); capture's counters stay public on /metrics.
 CAPTURE_ROUTES = frozenset({"/capture", "/capture/start", "/capture/stop"})
+# The live page's data (pairs, overview, downloads) needs the token too; the page's own
+# HTML/JS/CSS, the same for everyone, does not (it asks for the token).
+LIVE_PREFIX = "/live/"
 
 
 # glibc's malloc maps every allocation above a moving threshold (128 KiB at first) with
@@ -82,16 +87,26 @@ class Runtime:
                                in_flight=lambda: self.proxy.in_flight(),
                                traffic=lambda: self.proxy.traffic(),
                                unbound_listeners=lambda: len(self.proxy.unbound))
-        self.proxy = Proxy(config, [self.metrics, self.capture, *observers])
+        # Record data in the live page only when the operator allows it in capture files.
+        self.live = LiveView(include_record_data=config.capture_allow_record_data,
+                             instance_name=config.instance_name)
+        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *observers])
         self.admin = AdminServer({
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
             "/capture": self._capture_status,
             "/capture/start": {"POST": self._capture_start},
             "/capture/stop": {"POST": self._capture_stop},
-        }, admin_token=config.admin_token, protected=CAPTURE_ROUTES)
+        }, admin_token=config.admin_token, protected=CAPTURE_ROUTES,
+            web_routes=LiveRoutes(self.live).routes(), protected_prefixes=(LIVE_PREFIX,))
+        # prometheus-client's own exposition, rendered in a worker thread and shared by
+        # concurrent scrapes (see admin.SharedRender): a scrape storm costs one render.
+        self.scrape = SharedRender(lambda: generate_latest(self.metrics.registry))
 
     async def _metrics(self):
-        return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
+        try:
+            return 200, CONTENT_TYPE_LATEST, await self.scrape()
+        except ScrapeBusy:
+            return 503, "text/plain", b"too many scrapes at once; retry\n"
 
     async def _capture_status(self):
         return _json(*capture_control.capture_status(self.capture))
@@ -143,6 +158,7 @@ class Runtime:
 
     async def stop(self) -> None:
         await self.proxy.stop()
+        await asyncio.to_thread(self.live.close)          # live streams end
         await self.admin.stop()
         if self.capture.active:
             await asyncio.to_thread(self.capture.stop)

@@ -10,6 +10,7 @@ Tests that use a broker fixture get the ``broker`` marker automatically, so
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -50,6 +51,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.broker)
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
+    # The session's one browser (sync Playwright) keeps an event loop running in the main
+    # thread from its first use to the session's end, where asyncio.run() cannot run: the
+    # tests that use it go last (in their collected order).
+    items[:] = ([i for i in items if "browser" not in getattr(i, "fixturenames", ())]
+                + [i for i in items if "browser" in getattr(i, "fixturenames", ())])
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the session: Debian's ``chromium`` driven by Playwright
+    (``executable_path``, so Playwright downloads no browser of its own)."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no `chromium` on PATH (Debian package chromium; scripts/setup.sh installs it)")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            yield launched
+        finally:
+            launched.close()
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,7 @@ def test_demo_output_has_no_errors_and_every_round_gets_through(require_kafka):
     bootstrap = re.search(r"^kproxy bootstrap\s+127\.0\.0\.1:(\d+)", run.stdout, re.M)
     listening = re.search(r"kproxy gateway listening on 127\.0\.0\.1:(\d+)", run.stderr)
     assert bootstrap and listening and bootstrap[1] == listening[1] != "0"   # what kproxy bound
+    assert re.search(r"^live page\s+http://127\.0\.0\.1:\d+/ ", run.stdout, re.M), run.stdout[:2000]
 
     rounds = [ROUND.match(line) for line in run.stdout.splitlines() if line.startswith("--- ")]
     assert all(rounds), [line for line in run.stdout.splitlines() if line.startswith("--- ")]

@@ -31,7 +31,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from kproxy import config as kconfig
-from kproxy.observers.metrics import CLOSE_REASONS, Metrics
+from kproxy.observers.metrics import CLOSE_REASONS, SNI_REFUSAL_REASONS, Metrics
 from kproxy.protocol.tls_failures import HANDSHAKE_FAILURES
 from kproxy.protocol import schema
 from kproxy.runtime import Runtime      # imported before run_kproxy() stubs it out
@@ -48,7 +48,7 @@ COMPOSE = DEPLOY / "compose.yaml"
 JOB = "kproxy"                     # the scrape job name the alerts select on
 ALERTS = {"KproxyHighP99Latency", "KproxyThrottling", "KproxyErrorBurst", "KproxyDecodeFailures",
           "KproxyUpstreamUnreachable", "KproxyDown", "KproxyDeprecatedRequests",
-          "KproxyMisconfiguredConnections"}
+          "KproxyMisconfiguredConnections", "KproxySniNameAtWrongSidecar"}
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 # Labels Prometheus attaches to every series of a target (job/instance) or that the
 # Kubernetes scrape config adds; not kproxy's, but fine in selectors and groupings.
@@ -513,7 +513,7 @@ def kproxy_metrics() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
             names.setdefault(sample.name, labels)
     values = {"api": set(schema.API_NAMES.values()) | {"unknown"},
               "error": set(schema.ERROR_NAMES.values()),
-              "reason": set(CLOSE_REASONS) | set(HANDSHAKE_FAILURES),
+              "reason": set(CLOSE_REASONS) | set(HANDSHAKE_FAILURES) | set(SNI_REFUSAL_REASONS),
               "direction": {"request", "response"},
               "compression": {s.labels["compression"] for f in metrics.registry.collect()
                               for s in f.samples if "compression" in s.labels}}

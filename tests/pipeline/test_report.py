@@ -330,13 +330,8 @@ SCREENSHOT_ENV = "KPROXY_REPORT_SCREENSHOT"      # also save the screenshot here
 
 
 @pytest.mark.browser
-def test_the_real_report_renders_in_chromium_without_any_request(spark, synthetic_capture, tmp_path):
+def test_the_real_report_renders_in_chromium_without_any_request(spark, synthetic_capture, tmp_path, browser):
     """The job's report in headless Chromium: every plot drawn, headline = summary.json, no fetch."""
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("no `chromium` on PATH (Debian package chromium; scripts/setup.sh installs it)")
-    from playwright.sync_api import sync_playwright
-
     from kproxy.pipeline import analyze
     out = tmp_path / "analysis"
     result = analyze(spark, [str(synthetic_capture)], str(out))
@@ -356,22 +351,20 @@ def test_the_real_report_renders_in_chromium_without_any_request(spark, syntheti
             refused.append(route.request.url)
             route.abort()
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.route("**/*", refuse)
-            page.on("request", lambda request: seen.append(request.url))
-            page.goto(url, wait_until="load")
-            images = page.eval_on_selector_all(
-                "img", "els => els.map(e => [e.dataset.plot, e.complete, e.naturalWidth, e.naturalHeight])")
-            figures = page.eval_on_selector_all(
-                "[data-summary]", "els => els.map(e => [e.dataset.summary, e.dataset.value, "
-                                  "e.textContent.trim()])")
-            screenshot = tmp_path / "report.png"
-            page.screenshot(path=str(screenshot), full_page=True)
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.route("**/*", refuse)
+        page.on("request", lambda request: seen.append(request.url))
+        page.goto(url, wait_until="load")
+        images = page.eval_on_selector_all(
+            "img", "els => els.map(e => [e.dataset.plot, e.complete, e.naturalWidth, e.naturalHeight])")
+        figures = page.eval_on_selector_all(
+            "[data-summary]", "els => els.map(e => [e.dataset.summary, e.dataset.value, "
+                              "e.textContent.trim()])")
+        screenshot = tmp_path / "report.png"
+        page.screenshot(path=str(screenshot), full_page=True)
+    finally:
+        page.close()
 
     assert refused == []
     assert [u for u in seen if u != url and not u.startswith("data:")] == []

@@ -16,6 +16,15 @@ from .files import RotatingSink
 from .summary import iso_utc
 
 
+def json_form(row: dict) -> dict:
+    """A row as it appears in a JSONL line (also the live page's detail view)."""
+    out = dict(row)
+    out["time"] = iso_utc(row["time"])
+    if row["connection_start"] is not None:
+        out["connection_start"] = iso_utc(row["connection_start"])
+    return out
+
+
 class JsonlSink(RotatingSink):
     ext = ".jsonl"
 
@@ -24,11 +33,7 @@ class JsonlSink(RotatingSink):
         self.counters = counters
 
     def write(self, row: dict) -> None:
-        out = dict(row)
-        out["time"] = iso_utc(row["time"])
-        if row["connection_start"] is not None:
-            out["connection_start"] = iso_utc(row["connection_start"])
-        line = (json.dumps(out, ensure_ascii=True, separators=(",", ":"), default=str) + "\n").encode()
+        line = (json.dumps(json_form(row), ensure_ascii=True, separators=(",", ":"), default=str) + "\n").encode()
         self.before_write(len(line))
         self.file.write(line)
         self.items_in_file += 1

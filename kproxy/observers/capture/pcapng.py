@@ -200,6 +200,33 @@ class TcpStream:
                 self._packet(True, c + 1, s + 1, TCP_ACK, b"")]
 
 
+def frame_packets(stream: TcpStream, from_client: bool, micros: int, payload, comment: str | None,
+                  out: list) -> int:
+    """Append to ``out`` the Enhanced Packet Blocks (as parts) carrying ``payload``, a
+    size-prefixed frame; the comment goes on the first. Returns the packet count."""
+    segments = stream.data(from_client, payload)
+    for i, (headers, chunk) in enumerate(segments):
+        out.extend(enhanced_packet_parts(micros, headers, chunk, comment if i == 0 else None))
+    return len(segments)
+
+
+def stream_file(info, frames) -> bytes:
+    """A whole pcapng file of one connection from ``(from_client, wall time, frame, comment)``
+    tuples (frames without size prefix, already redacted), closed at the last one's time."""
+    out: list = [section_header(), interface_description()]
+    stream = TcpStream(info.id, resolve(info.client[0]) or _FALLBACK_CLIENT, info.client[1],
+                       resolve(info.upstream[0]) or _FALLBACK_SERVER, info.upstream[1])
+    micros = 0
+    for i, (from_client, wall, frame, comment) in enumerate(frames):
+        micros = int(round(wall * 1_000_000))
+        if i == 0:
+            out.extend(enhanced_packet(micros, p) for p in stream.handshake())
+        frame_packets(stream, from_client, micros, b"".join((_SIZE.pack(len(frame)), frame)), comment, out)
+    if micros:
+        out.extend(enhanced_packet(micros, p) for p in stream.close())
+    return b"".join(out)
+
+
 def _as_v6(address: Address) -> ipaddress.IPv6Address:
     if address.version == 6:
         return address
@@ -259,10 +286,7 @@ class PcapngSink(RotatingSink):
         self.before_write(len(payload) + 200 * (1 + len(payload) // MAX_SEGMENT))
         out: list = []
         stream = self._stream(info, micros, out)
-        packets = len(out)
-        for i, (headers, chunk) in enumerate(stream.data(from_client, payload)):
-            out.extend(enhanced_packet_parts(micros, headers, chunk, comment if i == 0 else None))
-            packets += 1
+        packets = len(out) + frame_packets(stream, from_client, micros, payload, comment, out)
         self._raw(b"".join(out))          # the one copy of the payload into the file's buffer
         self.items_in_file += 1
         self.counters.packets_written += packets

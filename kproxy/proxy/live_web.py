@@ -1,0 +1,138 @@
+"""The admin page's HTTP side: the page itself, its live stream and its JSON reads.
+
+``/`` and ``/static/*`` are the page (HTML, JS and CSS from ``kproxy/proxy/web``,
+no CDN, no build step); they are the same bytes for everyone and hold no data,
+so they are served without the token. Everything under ``/live/`` is data and
+needs the admin token (the admin listener checks it before these handlers run):
+
+    GET /live/stream?apis=Produce,Fetch&client_id=app-*&clients=10.0.0.0/8&topics=t*&errors=1&min_latency_ms=5
+        server-sent events: ``pairs`` (a JSON list of rows, oldest first) every
+        ``STREAM_TICK_S`` when there are any, ``status`` (matched, sent, dropped,
+        thinned, overloaded) every second
+    GET /live/overview                       per-API rate/p99/errors, connections, client inventory
+    GET /live/pairs/<id>                     one pair in the capture's JSON form, bodies included
+    GET /live/connections/<id>/pcapng        that connection's recent pairs as a pcapng file
+
+The browser sends the token as ``Authorization: Bearer`` on every call (the page
+reads the stream with ``fetch``, not ``EventSource``, precisely so that the
+token never goes into a URL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+
+from aiohttp import web
+
+from ..observers.live import LiveView, ViewerFilter, encode_rows
+
+WEB_DIR = Path(__file__).with_name("web")
+STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                ".css": "text/css; charset=utf-8", ".png": "image/png"}
+STREAM_TICK_S = 0.25          # rows reach the page at most this late; batching keeps writes few
+STATUS_EVERY_S = 1.0
+# A viewer whose socket has accepted nothing for this long has gone or stalled: its stream ends.
+VIEWER_STALL_S = 30.0
+# Kernel send buffer of a stream: with the viewer's backlog, what one slow browser can cost.
+STREAM_SEND_BUFFER = 256 * 1024
+
+
+def _json(status: int, payload) -> web.Response:
+    return web.Response(status=status, body=(json.dumps(payload, default=str) + "\n").encode(),
+                        headers={"Content-Type": "application/json", "Cache-Control": "no-store"})
+
+
+class LiveRoutes:
+    """aiohttp handlers for the admin listener's ``web_routes``."""
+
+    def __init__(self, live: LiveView):
+        self.live = live
+        self._static = {p.name: (p.read_bytes(), STATIC_TYPES.get(p.suffix, "application/octet-stream"))
+                        for p in WEB_DIR.iterdir() if p.is_file()}
+
+    def routes(self) -> dict:
+        return {"/": self.page, "/static/": self.static, "/live/": self.data}
+
+    async def page(self, request: web.Request) -> web.StreamResponse:
+        if request.method not in ("GET", "HEAD"):
+            return web.Response(status=405, text="allowed: GET\n", content_type="text/plain")
+        return self._file("index.html")
+
+    async def static(self, request: web.Request) -> web.StreamResponse:
+        return self._file(request.path.removeprefix("/static/"))
+
+    def _file(self, name: str) -> web.Response:
+        entry = self._static.get(name)
+        if entry is None:
+            return web.Response(status=404, body=b"not found\n", headers={"Content-Type": "text/plain"})
+        body, ctype = entry
+        return web.Response(body=body, headers={
+            "Content-Type": ctype, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff",
+            # The page loads nothing from anywhere else, and may not be framed.
+            "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+            "Referrer-Policy": "no-referrer"})
+
+    async def data(self, request: web.Request) -> web.StreamResponse:
+        if request.method not in ("GET", "HEAD"):
+            return web.Response(status=405, text="allowed: GET\n", content_type="text/plain")
+        parts = request.path.removeprefix("/live/").strip("/").split("/")
+        if parts == ["stream"]:
+            return await self.stream(request)
+        if parts == ["overview"]:
+            return _json(200, self.live.overview())
+        if len(parts) == 2 and parts[0] == "pairs" and parts[1].isdigit():
+            pair = await asyncio.to_thread(self.live.pair, int(parts[1]))
+            if pair is None:
+                return _json(404, {"error": "no such pair any more (only the last minutes are kept)"})
+            return _json(200, pair)
+        if len(parts) == 3 and parts[0] == "connections" and parts[1].isdigit() and parts[2] == "pcapng":
+            data = await asyncio.to_thread(self.live.connection_pcapng, int(parts[1]))
+            if data is None:
+                return _json(404, {"error": "nothing recent of that connection"})
+            return web.Response(body=data, headers={
+                "Content-Type": "application/vnd.tcpdump.pcap",
+                "Content-Disposition": f'attachment; filename="kproxy-conn-{int(parts[1])}.pcapng"'})
+        return web.Response(status=404, body=b"not found\n", headers={"Content-Type": "text/plain"})
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        live = self.live
+        try:
+            row_filter = ViewerFilter(dict(request.query))
+            await asyncio.to_thread(row_filter.compile)
+        except ValueError as exc:
+            return _json(400, {"error": str(exc)})
+        viewer = live.add_viewer(row_filter)
+        if viewer is None:
+            return _json(503, {"error": "too many live viewers; close one"})
+        try:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                   "Cache-Control": "no-store"})
+            sock = request.transport.get_extra_info("socket") if request.transport else None
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
+            await response.prepare(request)
+            loop = asyncio.get_running_loop()
+            status_at = 0.0
+            while not live.closed:
+                chunks = []
+                rows = viewer.take()
+                if rows:
+                    chunks.append(f"event: pairs\ndata: {encode_rows(rows)}\n\n")
+                now = loop.time()
+                if now - status_at >= STATUS_EVERY_S:
+                    status_at = now
+                    chunks.append(f"event: status\ndata: {json.dumps(viewer.status())}\n\n")
+                if chunks:
+                    await asyncio.wait_for(response.write("".join(chunks).encode()), VIEWER_STALL_S)
+                await asyncio.sleep(STREAM_TICK_S)
+        except ConnectionError:
+            pass                           # the viewer went away
+        except asyncio.TimeoutError:       # the viewer stopped reading: hang up, do not wait on it
+            if request.transport is not None:
+                request.transport.abort()
+        finally:
+            live.remove_viewer(viewer)
+        return response
