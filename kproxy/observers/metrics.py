@@ -12,18 +12,27 @@ client's own words) and the opt-in ``group`` and ``principal`` labels; consumer
 group state is kept for a bounded number of groups, the least recently active
 evicted. Consumer lag is summed at scrape time from each connection's last
 Fetch positions and answers (partition headers only), dropped when it closes.
+
+Per-API series exist only for APIs seen, plus ``PREINITIALIZED_APIS``. What
+every pair updates (requests, latency, sizes, bytes, throttle, batches) is kept
+as plain numbers on the event loop, with no lock or label lookup per update,
+and turned into metric families by collectors when a scrape asks, possibly from
+another thread (see ``_histogram_sample``). Rarely updated metrics stay
+prometheus-client objects.
 """
 
 from __future__ import annotations
 
 import errno
 import platform
+from bisect import bisect_left
 from collections import OrderedDict
 from typing import Iterable
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
-                               PlatformCollector, ProcessCollector)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+                               PlatformCollector, ProcessCollector, disable_created_metrics)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from .. import __version__
 from ..protocol import API_KEYS, SCHEMA_SOURCES, api_name, error_name, is_removed, schema
@@ -43,6 +52,13 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 SIZE_BUCKETS = tuple(64 * 4 ** i for i in range(12))
 # Broker quotas throttle in milliseconds to tens of seconds.
 THROTTLE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# APIs whose series exist from the first scrape, before any client has used them: every client
+# calls them, so dashboards and alerts have series to rate() from the start. Every other API's
+# series appear when it is first seen (pre-creating all ~95 made a fresh scrape ~7,400 series).
+PREINITIALIZED_APIS = ("ApiVersions", "Metadata", "Produce", "Fetch")
+LONG_POLL_APIS = ("Fetch", "ShareFetch")     # answered empty after max.wait.ms: kept apart
+# Unknown API keys (all counted as "unknown") remembered for a quick lookup; past this, looked up anew.
+MAX_CACHED_API_KEYS = 1024
 DEFAULT_LABEL_CAP = 100   # distinct client_id / topic values before folding into "other"
 # Rebalances: a few hundred milliseconds for a small group up to max.poll.interval.ms (5 min).
 REBALANCE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -142,24 +158,47 @@ class BoundedLabel:
         return "other"
 
 
+class _Histogram:
+    """A histogram as plain numbers: a count per bucket (not cumulative; the last is +Inf) and
+    the sum. Only the event loop writes; a scrape reads a copy (see ``_ApiCollector``)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1     # le: a value on a bound is in it
+        self.sum += value
+
+
 class _ApiSeries:
-    """The label children of one API, looked up once (``.labels()`` is slow on the hot path)."""
+    """One API's per-pair metrics as plain numbers (no lock, no label lookup per update),
+    published by ``_ApiCollector`` at scrape time."""
 
-    __slots__ = ("requests", "latency", "long_poll", "request_size", "response_size",
-                 "request_bytes", "response_bytes", "throttle", "throttled", "opaque", "name")
+    __slots__ = ("name", "requests", "request_bytes", "response_bytes", "throttled", "opaque",
+                 "latency", "long_poll", "request_size", "response_size", "throttle")
 
-    def __init__(self, m: "Metrics", name: str):
+    def __init__(self, name: str):
         self.name = name
-        self.requests = m.requests.labels(name)
-        self.latency = m.latency.labels(name)
-        self.long_poll = m.fetch_long_poll.labels(name) if name in ("Fetch", "ShareFetch") else None
-        self.request_size = m.request_size.labels(name)
-        self.response_size = m.response_size.labels(name)
-        self.request_bytes = m.request_bytes.labels(name)
-        self.response_bytes = m.response_bytes.labels(name)
-        self.throttle = m.throttle.labels(name)
-        self.throttled = m.throttled.labels(name)
-        self.opaque = m.opaque_requests.labels(name)
+        self.requests = self.request_bytes = self.response_bytes = self.throttled = self.opaque = 0
+        self.latency = _Histogram(LATENCY_BUCKETS)
+        self.long_poll = _Histogram(LATENCY_BUCKETS) if name in LONG_POLL_APIS else None
+        self.request_size = _Histogram(SIZE_BUCKETS)
+        self.response_size = _Histogram(SIZE_BUCKETS)
+        self.throttle = _Histogram(THROTTLE_BUCKETS)
+
+
+class _BatchTotals:
+    """Record batches seen in one direction (Produce requests or Fetch responses), as plain numbers."""
+
+    __slots__ = ("records", "bytes", "batches")
+
+    def __init__(self):
+        self.records = self.bytes = 0
+        self.batches = dict.fromkeys(CODEC_NAMES, 0)
 
 
 class Metrics:
@@ -173,6 +212,10 @@ class Metrics:
         (nothing on the hot path): traffic returns cumulative byte totals keyed like
         ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported.
         ``consumer_lag=False`` leaves the lag out (the metrics benchmark's baseline)."""
+        # No "_created" series: one more per counter and histogram child, and nothing on the
+        # dashboard or in the alerts reads them. Process-wide in prometheus-client; set here,
+        # where kproxy's registry is made, so that every exposition of it goes without them.
+        disable_created_metrics()
         r = self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -184,36 +227,16 @@ class Metrics:
                       ["version", "python", "kafka_schema"], registry=r)
         build.labels(__version__, platform.python_version(), "+".join(SCHEMA_SOURCES)).set(1)
 
-        api = ["api"]
-        self.requests = Counter("kproxy_requests_total", "Requests seen, by API", api, registry=r)
         self.request_versions = Counter("kproxy_request_versions_total",
                                         "Requests by API and version (which client versions are in use)",
                                         ["api", "version"], registry=r)
-        self.latency = Histogram("kproxy_request_latency_seconds",
-                                 "Request to response time, by API (empty long-poll Fetches excluded)",
-                                 api, buckets=LATENCY_BUCKETS, registry=r)
-        self.fetch_long_poll = Histogram("kproxy_fetch_long_poll_seconds",
-                                         "Fetch/ShareFetch answered with no records: time spent waiting",
-                                         api, buckets=LATENCY_BUCKETS, registry=r)
-        self.request_size = Histogram("kproxy_request_size_bytes", "Request frame sizes, by API",
-                                      api, buckets=SIZE_BUCKETS, registry=r)
-        self.response_size = Histogram("kproxy_response_size_bytes", "Response frame sizes, by API",
-                                       api, buckets=SIZE_BUCKETS, registry=r)
-        self.request_bytes = Counter("kproxy_request_bytes_total", "Request bytes, by API", api,
-                                     registry=r)
-        self.response_bytes = Counter("kproxy_response_bytes_total", "Response bytes, by API", api,
-                                      registry=r)
-        self.throttle = Histogram("kproxy_throttle_time_seconds",
-                                  "throttle_time_ms of every response that carries it, by API",
-                                  api, buckets=THROTTLE_BUCKETS, registry=r)
-        self.throttled = Counter("kproxy_throttled_responses_total",
-                                 "Responses with throttle_time_ms > 0, by API", api, registry=r)
+        # The per-API metrics of every pair: plain numbers, published at scrape time.
+        self._apis: dict[int, _ApiSeries] = {}        # api key -> its series (unknown keys share one)
+        self._api_series: dict[str, _ApiSeries] = {}  # label value -> series, in the order first seen
+        r.register(_ApiCollector(self._api_series))
         self.errors = Counter("kproxy_response_errors_total",
                               "Non-zero error codes in responses (top level and per partition/resource)",
                               ["api", "error"], registry=r)
-        self.opaque_requests = Counter("kproxy_opaque_requests_total",
-                                       "Requests whose API key or version kproxy cannot decode (forwarded as is)",
-                                       api, registry=r)
         self.decode_failures = Counter("kproxy_decode_failures_total",
                                        "Frames that failed to decode, by direction", ["direction"],
                                        registry=r)
@@ -221,20 +244,8 @@ class Metrics:
                                    "SASL v0 raw tokens passed through (never decoded)", ["direction"],
                                    registry=r)
 
-        self.produced_records = Counter("kproxy_produced_records_total",
-                                        "Records in Produce requests (from batch headers)", registry=r)
-        self.produced_bytes = Counter("kproxy_produced_bytes_total",
-                                      "Record batch bytes in Produce requests", registry=r)
-        self.fetched_records = Counter("kproxy_fetched_records_total",
-                                       "Records in Fetch responses (from batch headers)", registry=r)
-        self.fetched_bytes = Counter("kproxy_fetched_bytes_total",
-                                     "Record batch bytes in Fetch responses", registry=r)
-        self.produce_batches = Counter("kproxy_produce_batches_total",
-                                       "Record batches in Produce requests, by compression codec",
-                                       ["compression"], registry=r)
-        self.fetch_batches = Counter("kproxy_fetch_batches_total",
-                                     "Record batches in Fetch responses, by compression codec",
-                                     ["compression"], registry=r)
+        self._produce_totals, self._fetch_totals = _BatchTotals(), _BatchTotals()
+        r.register(_BatchCollector(self._produce_totals, self._fetch_totals))
 
         self.connections_open = Gauge("kproxy_connections_open", "Client connections open now",
                                       ["listener"], registry=r)
@@ -341,22 +352,21 @@ class Metrics:
         if consumer_lag:
             r.register(_ConsumerLagCollector(self))
 
-        self._apis: dict[int, _ApiSeries] = {}
-        for key in schema.API_NAMES:                 # known label sets exported as zeros
-            self._series(key)
+        for name in PREINITIALIZED_APIS:
+            self._series(API_KEYS[name])
+        self._error_children: dict[tuple[str, int], object] = {}   # (api, error code) -> child
         self._decode_failures = {d: self.decode_failures.labels(d) for d in ("request", "response")}
         # (api key, version) -> (versions child, removed in Kafka 4.0?)
         self._versions: dict[tuple[int, int], tuple[object, bool]] = {}
-        self._codec_children = {     # label children by codec, looked up once
-            id(counter): {codec: counter.labels(codec) for codec in CODEC_NAMES}
-            for counter in (self.produce_batches, self.fetch_batches)}
 
     def _series(self, api_key: int) -> _ApiSeries:
         series = self._apis.get(api_key)
         if series is None:
             name = api_name(api_key) if api_key in schema.API_NAMES else "unknown"
-            series = _ApiSeries(self, name)
-            if api_key in schema.API_NAMES or len(self._apis) < 1024:
+            series = self._api_series.get(name)
+            if series is None:
+                series = self._api_series[name] = _ApiSeries(name)
+            if api_key in schema.API_NAMES or len(self._apis) < MAX_CACHED_API_KEYS:
                 self._apis[api_key] = series
         return series
 
@@ -375,9 +385,10 @@ class Metrics:
 
     def _request(self, event: RequestReceived, info) -> None:
         series = self._series(event.api_key)
-        series.requests.inc()
-        series.request_size.observe(event.size)
-        series.request_bytes.inc(event.size)
+        size = event.size
+        series.requests += 1
+        series.request_bytes += size
+        series.request_size.observe(size)
         if self.principal_label is not None and info is not None:
             children = self._principal_children(info, event.api_key, series.name)
             children[0].inc()
@@ -398,7 +409,7 @@ class Metrics:
             self._decode_failures["request"].inc()
             return
         if request.is_opaque:
-            series.opaque.inc()
+            series.opaque += 1
             return
         if self.client_id_label is not None:
             self.client_requests.labels(self.client_id_label(request.client_id)).inc()
@@ -407,16 +418,14 @@ class Metrics:
         if event.api_key == PRODUCE_KEY:
             for topic in request.body.topic_data:
                 for partition in topic.partition_data:
-                    nbytes = self._count_batches(partition.records, self.produce_batches,
-                                                 self.produced_records)
-                    self.produced_bytes.inc(nbytes)
+                    nbytes = self._count_batches(partition.records, self._produce_totals)
                     if self.topic_label is not None and nbytes:
                         self.topic_produced_bytes.labels(self.topic_label(self._topic_name(topic))).inc(nbytes)
 
     def _response(self, event: ResponseReceived, info) -> None:
         series = self._series(event.api_key)
         series.response_size.observe(event.size)
-        series.response_bytes.inc(event.size)
+        series.response_bytes += event.size
         if self.principal_label is not None and info is not None:
             self._principal_children(info, event.api_key, series.name)[2].inc(event.size)
         response = event.response
@@ -446,10 +455,10 @@ class Metrics:
         if throttle_ms is not None:
             series.throttle.observe(throttle_ms / 1000.0)
             if throttle_ms > 0:
-                series.throttled.inc()
+                series.throttled += 1
         codes = error_codes("response", event.api_key, response.body_version or event.api_version, body)
         for code in codes:
-            self.errors.labels(series.name, error_name(code)).inc()
+            self._error_child(series.name, code).inc()
         if event.api_key in GROUP_RESPONSE_KEYS:
             self._group_response(event, series.name, body, codes)
         elif event.api_key == API_VERSIONS_KEY:
@@ -459,31 +468,37 @@ class Metrics:
         total = 0
         for topic in getattr(body, "responses", None) or ():
             for partition in topic.partitions:
-                nbytes = self._count_batches(partition.records, self.fetch_batches,
-                                             self.fetched_records)
+                nbytes = self._count_batches(partition.records, self._fetch_totals)
                 total += nbytes
                 if self.topic_label is not None and nbytes:
                     self.topic_fetched_bytes.labels(self.topic_label(self._topic_name(topic))).inc(nbytes)
-        if total:
-            self.fetched_bytes.inc(total)
         return total
 
-    def _count_batches(self, records, batches: Counter, record_counter: Counter) -> int:
+    def _count_batches(self, records, totals: _BatchTotals) -> int:
         """Batch headers only: no decompression. Returns the bytes of complete batches."""
         if not records:
             return 0
         nbytes = count = 0
-        children = self._codec_children[id(batches)]
+        batches = totals.batches
         try:
             for batch in iter_batches(records):
                 nbytes += batch.size_bytes
-                children[batch.compression].inc()
+                batches[batch.compression] += 1
                 count += batch.record_count or 0
         except DecodeError:
             pass        # garbage records are the broker's business; counted what was readable
-        if count:
-            record_counter.inc(count)
+        totals.records += count
+        totals.bytes += nbytes
         return nbytes
+
+    def _error_child(self, api: str, code: int):
+        """The kproxy_response_errors_total child of (API, error code), looked up once.
+        Kept on prometheus-client: healthy traffic has no errors, so it is off the per-pair path."""
+        key = (api, code)
+        child = self._error_children.get(key)
+        if child is None:
+            child = self._error_children[key] = self.errors.labels(api, error_name(code))
+        return child
 
     # ------------------------------------------------------------ client inventory
 
@@ -914,3 +929,101 @@ class _InFlightCollector:
 
     def describe(self):
         return [GaugeMetricFamily("kproxy_requests_in_flight", "Requests sent upstream and not yet answered")]
+
+
+# The per-API metrics the hot path keeps as plain numbers: (_ApiSeries attribute, name, help).
+API_COUNTERS = (
+    ("requests", "kproxy_requests_total", "Requests seen, by API"),
+    ("request_bytes", "kproxy_request_bytes_total", "Request bytes, by API"),
+    ("response_bytes", "kproxy_response_bytes_total", "Response bytes, by API"),
+    ("throttled", "kproxy_throttled_responses_total", "Responses with throttle_time_ms > 0, by API"),
+    ("opaque", "kproxy_opaque_requests_total",
+     "Requests whose API key or version kproxy cannot decode (forwarded as is)"),
+)
+API_HISTOGRAMS = (
+    ("latency", "kproxy_request_latency_seconds",
+     "Request to response time, by API (empty long-poll Fetches excluded)"),
+    ("long_poll", "kproxy_fetch_long_poll_seconds",
+     "Fetch/ShareFetch answered with no records: time spent waiting"),
+    ("request_size", "kproxy_request_size_bytes", "Request frame sizes, by API"),
+    ("response_size", "kproxy_response_size_bytes", "Response frame sizes, by API"),
+    ("throttle", "kproxy_throttle_time_seconds", "throttle_time_ms of every response that carries it, by API"),
+)
+# Bucket bounds -> their "le" label values, spelt as prometheus-client spells them.
+_LE = {bounds: [floatToGoString(b) for b in bounds] + ["+Inf"]
+       for bounds in (LATENCY_BUCKETS, SIZE_BUCKETS, THROTTLE_BUCKETS)}
+
+
+def _histogram_sample(histogram: _Histogram) -> tuple[list, float]:
+    """Cumulative (le, count) buckets and the sum of a histogram the event loop keeps writing.
+
+    Scrapes render in a worker thread while the loop observes, without a lock: only the loop
+    writes, and under the GIL reading an int or copying a list is atomic. Each bucket is read
+    once (one copy) and the count is the +Inf bucket of those reads, so buckets are cumulative
+    and agree with the count whatever the loop does meanwhile; the sum, read just after, may
+    differ by an observation or two (the next scrape catches up: it only grows)."""
+    counts = list(histogram.counts)
+    total = histogram.sum
+    cumulative, running = [], 0
+    for le, count in zip(_LE[histogram.bounds], counts):
+        running += count
+        cumulative.append((le, running))
+    return cumulative, total
+
+
+class _ApiCollector:
+    """The per-API counters and histograms, from each API's plain numbers at scrape time."""
+
+    def __init__(self, series: dict):
+        self.series = series          # label value -> _ApiSeries; the loop adds new APIs
+
+    def collect(self):
+        every = tuple(self.series.values())    # one C call under the GIL: no "changed size" race
+        for attribute, name, help_text in API_COUNTERS:
+            family = CounterMetricFamily(name, help_text, labels=["api"])
+            for series in every:
+                family.add_metric([series.name], getattr(series, attribute))
+            yield family
+        for attribute, name, help_text in API_HISTOGRAMS:
+            family = HistogramMetricFamily(name, help_text, labels=["api"])
+            for series in every:
+                histogram = getattr(series, attribute)
+                if histogram is not None:
+                    family.add_metric([series.name], *_histogram_sample(histogram))
+            yield family
+
+    def describe(self):
+        return [CounterMetricFamily(name, help_text) for _, name, help_text in API_COUNTERS] + \
+            [HistogramMetricFamily(name, help_text) for _, name, help_text in API_HISTOGRAMS]
+
+
+# Record batch totals: (metric name stem, help of records, bytes, batches) per direction.
+BATCH_COUNTERS = (
+    ("kproxy_produced", "kproxy_produce_batches_total", "Records in Produce requests (from batch headers)",
+     "Record batch bytes in Produce requests", "Record batches in Produce requests, by compression codec"),
+    ("kproxy_fetched", "kproxy_fetch_batches_total", "Records in Fetch responses (from batch headers)",
+     "Record batch bytes in Fetch responses", "Record batches in Fetch responses, by compression codec"),
+)
+
+
+class _BatchCollector:
+    """Records, batch bytes and batches by codec of Produce requests and Fetch responses."""
+
+    def __init__(self, produced: _BatchTotals, fetched: _BatchTotals):
+        self.totals = (produced, fetched)
+
+    def collect(self):
+        for totals, (stem, batches_name, records_help, bytes_help, batches_help) in zip(
+                self.totals, BATCH_COUNTERS):
+            yield CounterMetricFamily(f"{stem}_records_total", records_help, value=totals.records)
+            yield CounterMetricFamily(f"{stem}_bytes_total", bytes_help, value=totals.bytes)
+            family = CounterMetricFamily(batches_name, batches_help, labels=["compression"])
+            for codec, count in totals.batches.copy().items():
+                family.add_metric([codec], count)
+            yield family
+
+    def describe(self):
+        return [CounterMetricFamily(name, help_text)
+                for stem, batches_name, records_help, bytes_help, batches_help in BATCH_COUNTERS
+                for name, help_text in ((f"{stem}_records_total", records_help),
+                                        (f"{stem}_bytes_total", bytes_help), (batches_name, batches_help))]

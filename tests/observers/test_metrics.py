@@ -5,7 +5,9 @@ import struct
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kproxy.observers.metrics import Metrics, close_reason_label
+from kproxy.observers.metrics import (LATENCY_BUCKETS, PREINITIALIZED_APIS, SIZE_BUCKETS, Metrics,
+                                     close_reason_label)
+from kproxy.protocol import schema
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
 from kproxy.protocol.connection import Connection
 from kproxy.protocol.records import Record, build_batch
@@ -132,3 +134,99 @@ def test_close_reasons_fold_into_a_fixed_set():
     assert close_reason_label("client frame of 200000000 bytes (maximum 104857600)") == "frame_too_large"
     assert close_reason_label("idle for more than 600s") == "idle_timeout"
     assert close_reason_label("something new") == "other"
+
+
+def api_values(m, name):
+    return {s.labels["api"]: s.value for f in m.registry.collect() for s in f.samples if s.name == name}
+
+
+def test_a_fresh_registry_has_series_for_the_preinitialized_apis_only_and_no_created():
+    m, clock = Metrics(), Clock()
+    assert api_values(m, "kproxy_requests_total") == dict.fromkeys(PREINITIALIZED_APIS, 0)
+    assert set(api_values(m, "kproxy_fetch_long_poll_seconds_count")) == {"Fetch"}
+    text = generate_latest(m.registry).decode()
+    assert "_created" not in text
+    assert 'kproxy_request_latency_seconds_bucket{api="Heartbeat"' not in text
+    conn = Connection(clock=clock)
+    exchange(m, conn, clock, 12, 4, 1, dict(group_id="g", generation_id=1, member_id="m"), {})
+    m(None, conn.receive_client(framed(struct.pack(">hhih", 31000, 0, 2, 0))))    # no such API
+    m(None, conn.receive_client(framed(struct.pack(">hhih", 31001, 0, 3, 0))))    # nor this one
+    requests = api_values(m, "kproxy_requests_total")
+    assert set(requests) == {*PREINITIALIZED_APIS, "Heartbeat", "unknown"}
+    assert requests["Heartbeat"] == 1 and requests["unknown"] == 2
+    assert value(m, "kproxy_request_latency_seconds_count", api="Heartbeat") == 1
+
+
+def samples_of(registry, name, **labels):
+    return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                  for f in registry.collect() if f.name == name for s in f.samples
+                  if not s.name.endswith("_created") and labels.items() <= s.labels.items())
+
+
+def test_plain_numbers_render_as_prometheus_clients_own_histogram_would():
+    """Values on a bucket bound belong to that bucket (le), as prometheus-client counts them."""
+    from prometheus_client import CollectorRegistry, Histogram
+    reference = CollectorRegistry()
+    latency = Histogram("kproxy_request_latency_seconds", "x", ["api"], buckets=LATENCY_BUCKETS,
+                        registry=reference).labels("Heartbeat")
+    sizes = Histogram("kproxy_request_size_bytes", "x", ["api"], buckets=SIZE_BUCKETS,
+                      registry=reference).labels("Heartbeat")
+    m, clock = Metrics(), Clock()
+    conn = Connection(clock=clock)
+    waits = [0.0, LATENCY_BUCKETS[0], 0.0007, LATENCY_BUCKETS[-1], LATENCY_BUCKETS[-1] + 1, 0.01]
+    for i, wait in enumerate(waits):
+        clock.now = 0.0
+        req_size, _ = exchange(m, conn, clock, 12, 4, i, dict(group_id="g" * (i * 30), generation_id=1,
+                                                              member_id="m"), {}, wait=wait)
+        latency.observe(wait)
+        sizes.observe(req_size)
+    for name in ("kproxy_request_latency_seconds", "kproxy_request_size_bytes"):
+        assert samples_of(m.registry, name, api="Heartbeat") == samples_of(reference, name)
+
+
+def test_scrapes_in_another_thread_see_consistent_histograms_while_the_loop_counts():
+    """The admin listener renders in a worker thread, without a lock on the loop's counting."""
+    import sys
+    import threading
+    m, clock = Metrics(), Clock()
+    conn = Connection(clock=clock)
+    problems, done = [], threading.Event()
+
+    def scrape():
+        while not done.is_set():
+            try:
+                for family in m.registry.collect():
+                    if family.type != "histogram" or not family.name.startswith("kproxy_"):
+                        continue
+                    by_series: dict = {}
+                    for s in family.samples:
+                        key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+                        by_series.setdefault(key, []).append(s)
+                    for samples in by_series.values():
+                        buckets = [s.value for s in samples if s.name.endswith("_bucket")]
+                        count = [s.value for s in samples if s.name.endswith("_count")]
+                        if buckets != sorted(buckets) or count != buckets[-1:]:
+                            problems.append((family.name, buckets, count))
+            except Exception as error:          # e.g. a dict changing size under the scrape
+                problems.append(repr(error))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)                 # switch threads as often as CPython allows
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        unanswered = Connection(clock=clock)   # unknown APIs, never answered
+        for i in range(3000):
+            if i % 7 == 0:
+                m(None, unanswered.receive_client(framed(struct.pack(">hhih", 31000 + i % 1000, 0, i, 0))))
+            else:
+                exchange(m, conn, clock, 12, 4, i, dict(group_id="g", generation_id=1, member_id="m"), {},
+                         wait=0.001 * (i % 50))
+            for api in list(schema.API_NAMES)[: i % 20]:
+                m._series(api)                  # new APIs appear while scrapes run
+    finally:
+        done.set()
+        scraper.join()
+        sys.setswitchinterval(interval)
+    assert not problems, problems[:5]
+    assert value(m, "kproxy_requests_total", api="Heartbeat") == 3000 - len(range(0, 3000, 7))
