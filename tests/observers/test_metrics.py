@@ -2,6 +2,8 @@
 
 import struct
 
+import pytest
+
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -9,7 +11,7 @@ from kproxy.observers.metrics import (LATENCY_BUCKETS, PREINITIALIZED_APIS, SIZE
                                      close_reason_label)
 from kproxy.protocol import schema
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
-from kproxy.protocol.connection import Connection
+from kproxy.protocol.connection import Connection, UntrackableRequest
 from kproxy.protocol.records import Record, build_batch
 
 
@@ -133,6 +135,13 @@ def test_close_reasons_fold_into_a_fixed_set():
     assert close_reason_label("client closed") == "client_closed"
     assert close_reason_label("client frame of 200000000 bytes (maximum 104857600)") == "frame_too_large"
     assert close_reason_label("idle for more than 600s") == "idle_timeout"
+    assert close_reason_label("request not complete 120s after its first byte") == "request_deadline"
+    assert close_reason_label("broker response with correlation id 7, but no request awaits an answer") \
+        == "unpaired_response"
+    header = struct.pack(">hhih", 0, 99, 1, -1)          # Produce v99: no one can tell if it is answered
+    with pytest.raises(UntrackableRequest) as refused:
+        Connection().receive_client(struct.pack(">i", len(header)) + header)
+    assert close_reason_label(str(refused.value)) == "untrackable_request"
     assert close_reason_label("something new") == "other"
 
 
