@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from ..protocol.connection import DEFAULT_MAX_FRAME_SIZE, Connection, Event, ProtocolViolation, ResponseReceived
+from .log_budget import LogBudget
 from .tls import certificate_subject
 
 log = logging.getLogger("kproxy.relay")
@@ -87,6 +88,10 @@ Observer = Callable[["ConnectionInfo", Iterable[Event]], None]
 _ids = itertools.count(1)
 
 
+UNREACHABLE_LOG_INTERVAL_S = 60.0
+UNREACHABLE_LOG_CAUSES_PER_INTERVAL = 5
+
+
 class RewriteFailed(Exception):
     """A response that must be rewritten could not be: the connection closes rather than leak."""
 
@@ -116,6 +121,15 @@ class RelayPolicy:
     connect_timeout: float = 10.0
     upstream_ssl: ssl.SSLContext | None = None
     upstream_check_hostname: bool = True
+    unreachable_log: LogBudget = field(default_factory=lambda: unreachable_log_budget())
+
+
+def unreachable_log_budget() -> LogBudget:
+    """An upstream that is down fails every client's connect (hundreds a second in an
+    outage): each cause (address and error) is logged once a minute, at most five causes a
+    minute; the rest are counted in the next line and in
+    kproxy_connections_closed_total{reason="upstream_unreachable"}."""
+    return LogBudget(UNREACHABLE_LOG_INTERVAL_S, UNREACHABLE_LOG_CAUSES_PER_INTERVAL)
 
 
 # sys.getrefcount of an arena's buffer inside ``ReadArena.room`` when nothing else holds
@@ -574,8 +588,12 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
     try:
         upstream, broker = await _connect(policy, client.arena)
     except ConnectionError as exc:
-        log.warning("conn client=%s:%d listener=%s upstream unreachable: %s",
-                    *peer, policy.name, exc)
+        unlogged = policy.unreachable_log.admit(str(exc))
+        if unlogged is not None:
+            log.warning("conn client=%s:%d listener=%s upstream unreachable: %s "
+                        "(the same again within %gs is not logged%s)", *peer, policy.name, exc,
+                        policy.unreachable_log.interval,
+                        f"; {unlogged} earlier refusals were not logged" if unlogged else "")
         notify_hook(policy.observers, "connection_refused", policy.name, "upstream unreachable")
         client.close()
         return

@@ -48,7 +48,8 @@ from ..config import Config
 from ..protocol import DecodeError, Request, decode_response, encode_request, encode_response, new_body
 from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
-from .relay import (HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
+from .log_budget import LogBudget
+from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
 from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
                       withhold_nodes)
@@ -154,6 +155,7 @@ class Proxy:
         self._listen_port = config.listen[1]      # as bound, once started (0: OS-chosen)
         self._opening: set[str] = set()
         self._decode_log = LogBudget(DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL)
+        self._unreachable_log = unreachable_log_budget()    # one for all listeners
         self.rejected_connections = 0
         self._closed_traffic = {"from_client": 0, "to_broker": 0, "from_broker": 0, "to_client": 0}
         self.started = False
@@ -363,7 +365,8 @@ class Proxy:
             name=name, node_id=node_id, upstreams=upstreams, observers=self.observers,
             hold=self.hold, transform=self.transform, max_frame_size=c.max_frame_size,
             connect_timeout=c.connect_timeout, upstream_ssl=self._client_ssl,
-            upstream_check_hostname=c.tls_client.check_hostname if c.tls_client else True)
+            upstream_check_hostname=c.tls_client.check_hostname if c.tls_client else True,
+            unreachable_log=self._unreachable_log)
 
     def _bootstrap_candidates(self) -> list[HostPort]:
         """Every configured upstream, starting with the next in turn (spreads bootstrap load)."""
@@ -660,29 +663,3 @@ class MisconfigurationLog:
         if unlogged is not None:
             log.warning("%s:%d on %s: %s%s", *info.client, info.listener, reason,
                         f" ({unlogged} earlier misconfigured connections were not logged)" if unlogged else "")
-
-
-class LogBudget:
-    """Which occurrences of a repeating problem to log: each kind once per interval, at most
-    ``kinds_per_interval`` kinds; the rest are counted and reported with the next one logged."""
-
-    def __init__(self, interval: float, kinds_per_interval: int, clock=time.monotonic):
-        self.interval = interval
-        self.kinds_per_interval = kinds_per_interval
-        self.clock = clock
-        self._ends = float("-inf")
-        self._logged: set = set()
-        self._unlogged = 0
-
-    def admit(self, kind) -> int | None:
-        """None if this occurrence is not to be logged; else how many were not logged before it."""
-        now = self.clock()
-        if now >= self._ends:
-            self._ends = now + self.interval
-            self._logged.clear()
-        if kind in self._logged or len(self._logged) >= self.kinds_per_interval:
-            self._unlogged += 1
-            return None
-        self._logged.add(kind)
-        unlogged, self._unlogged = self._unlogged, 0
-        return unlogged

@@ -555,7 +555,7 @@ class TestTLS:
                 assert received == 0
             assert http_status(proxy.admin_url + "/healthz")[0] == 200
         refusals = [r.getMessage() for r in caplog.records if "upstream unreachable" in r.getMessage()]
-        assert len(refusals) == 2 and all("mismatch" in m for m in refusals), refusals
+        assert len(refusals) == 1 and "mismatch" in refusals[0], refusals   # the same cause: once a minute
         assert impostor.received == b"", "bytes reached a server that failed verification"
 
         with proxy_to_impostor(check_hostname=False) as proxy:
