@@ -25,7 +25,7 @@ from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.live import LiveView
 from .observers.metrics import Metrics
-from .proxy.admin import AdminServer, ScrapeBusy, SharedRender, upstream_reachable
+from .proxy.admin import AdminServer, ScrapeBusy, SharedRender
 from .proxy.live_web import LiveRoutes
 from .proxy.relay import Observer
 from .proxy.server import Proxy
@@ -137,7 +137,7 @@ class Runtime:
         unbound = self.proxy.unbound_reasons()
         if unbound:                         # some brokers are withheld from clients meanwhile
             return 503, "text/plain", "".join(line + "\n" for line in unbound).encode()
-        ok, detail = await upstream_reachable(self.config.upstreams)
+        ok, detail = await self.proxy.upstream_ready()
         return (200 if ok else 503), "text/plain", (detail + "\n").encode()
 
     @property

@@ -46,7 +46,6 @@ from aiohttp.http_exceptions import HttpProcessingError
 log = logging.getLogger("kproxy.admin")
 
 READ_TIMEOUT_S = 5.0               # request headers (and any body) must arrive within this
-READINESS_TIMEOUT_S = 2.0          # upstream connect check for /readyz
 MAX_BODY_BYTES = 64 * 1024         # capture settings fit in far less; anything bigger is a mistake
 MAX_HEADER_LINES = 100             # curl sends 3, Prometheus 5; a stream of headers is not a request
 MAX_LINE_BYTES = 8190              # a request line or header longer than this is not from a probe
@@ -67,19 +66,6 @@ SHUTDOWN_TIMEOUT_S = 2.0
 Route = Callable[..., Awaitable[tuple[int, str, bytes]]]
 WebRoute = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _JSON = "application/json"
-
-
-async def upstream_reachable(addresses) -> tuple[bool, str]:
-    """True if a TCP connection to any of the addresses opens."""
-    errors = []
-    for host, port in addresses:
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), READINESS_TIMEOUT_S)
-            writer.close()
-            return True, f"{host}:{port} reachable"
-        except (OSError, asyncio.TimeoutError) as exc:
-            errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")   # timeouts have no text
-    return False, "; ".join(errors)
 
 
 class ScrapeBusy(Exception):

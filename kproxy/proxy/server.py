@@ -101,7 +101,12 @@ ROUTE_ATTRIBUTE = "kproxy_route"  # set on each handshake's SSLObject: BOOTSTRAP
 # however many clients wait.
 DISCOVERY_METADATA_VERSION = 9
 DISCOVERY_MIN_INTERVAL_S = 1.0
-DISCOVERY_CLIENT_ID = "kproxy-sni-discovery"
+OWN_CLIENT_ID = "kproxy"           # client_id of the requests kproxy itself sends upstream
+# /readyz asks an upstream for ApiVersions (v0: every broker answers it, before any SASL),
+# within this time, and keeps the answer this long.
+READINESS_API_VERSIONS_VERSION = 0
+READINESS_TIMEOUT_S = 2.0
+READINESS_CACHE_S = 1.0
 
 
 @dataclass(eq=False)
@@ -156,6 +161,8 @@ class Proxy:
         self._opening: set[str] = set()
         self._decode_log = LogBudget(DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL)
         self._unreachable_log = unreachable_log_budget()    # one for all listeners
+        self._readiness: tuple[float, tuple[bool, str]] | None = None   # (when, result)
+        self._readiness_check: asyncio.Future | None = None
         self.rejected_connections = 0
         self._closed_traffic = {"from_client": 0, "to_broker": 0, "from_broker": 0, "to_client": 0}
         self.started = False
@@ -299,23 +306,65 @@ class Proxy:
                             f"; {unlogged} earlier failures were not logged" if unlogged else "")
 
     async def _metadata_brokers(self, host: str, port: int) -> list[tuple[int, str, int]]:
-        c, version = self.config, DISCOVERY_METADATA_VERSION
+        version = DISCOVERY_METADATA_VERSION
+        response = await self._ask(host, port, METADATA_KEY, version,
+                                   new_body("request", METADATA_KEY, version, topics=[]))
+        return node_addresses(METADATA_KEY, version, response.body)
+
+    async def _ask(self, host: str, port: int, api_key: int, version: int, body):
+        """One request of kproxy's own to an upstream, on a connection of its own (TLS as
+        configured), and its decoded response."""
+        c = self.config
         kwargs = {}
         if self._client_ssl is not None:
             kwargs = {"ssl": self._client_ssl,
                       "server_hostname": host if c.tls_client.check_hostname else None}
         reader, writer = await asyncio.open_connection(host, port, **kwargs)
         try:
-            frame = encode_request(Request(METADATA_KEY, version, 1, DISCOVERY_CLIENT_ID,
-                                           new_body("request", METADATA_KEY, version, topics=[])))
+            frame = encode_request(Request(api_key, version, 1, OWN_CLIENT_ID, body))
             writer.write(len(frame).to_bytes(4, "big") + frame)
             size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
             if not 0 < size <= c.max_frame_size:
-                raise ValueError(f"a Metadata response of {size} bytes")
-            response = decode_response(await reader.readexactly(size), METADATA_KEY, version)
-            return node_addresses(METADATA_KEY, version, response.body)
+                raise ValueError(f"a response of {size} bytes")
+            return decode_response(await reader.readexactly(size), api_key, version)
         finally:
             writer.close()
+
+    async def upstream_ready(self) -> tuple[bool, str]:
+        """Whether a broker answers (for /readyz): an ApiVersions round trip to the first
+        upstream that answers, which a stopped or wedged broker fails even when something
+        still accepts TCP on its port. Probes share one check at a time, and its result for
+        ``READINESS_CACHE_S``: a probe storm costs the brokers nothing extra."""
+        now = time.monotonic()
+        if self._readiness is not None and now - self._readiness[0] < READINESS_CACHE_S:
+            return self._readiness[1]
+        if self._readiness_check is None or self._readiness_check.done():
+            self._readiness_check = asyncio.ensure_future(self._check_upstreams())
+        # Shielded: a probe that gives up does not cancel the check the others await.
+        return await asyncio.shield(self._readiness_check)
+
+    async def _check_upstreams(self) -> tuple[bool, str]:
+        errors = []
+        for host, port in self._bootstrap_candidates():
+            try:
+                response = await asyncio.wait_for(
+                    self._ask(host, port, API_VERSIONS_KEY, READINESS_API_VERSIONS_VERSION,
+                              new_body("request", API_VERSIONS_KEY, READINESS_API_VERSIONS_VERSION)),
+                    READINESS_TIMEOUT_S)
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError,
+                    DecodeError, ValueError) as exc:
+                errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")   # timeouts have no text
+                continue
+            code = response.body.error_code
+            if code != 0:
+                errors.append(f"{host}:{port}: ApiVersions answered with error {code}")
+                continue
+            result = True, f"{host}:{port} answers ApiVersions"
+            break
+        else:
+            result = False, "; ".join(errors) or "no upstream address known"
+        self._readiness = (time.monotonic(), result)
+        return result
 
     # ------------------------------------------------------------ rewriting
 

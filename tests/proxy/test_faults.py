@@ -694,3 +694,19 @@ def test_an_outage_is_logged_once_per_cause_and_every_refusal_counted(caplog):
     assert refused == clients
     lines = [r.getMessage() for r in caplog.records if "upstream unreachable" in r.getMessage()]
     assert len(lines) == 1 and down in lines[0] and "Connection refused" in lines[0], lines
+
+
+def test_readiness_asks_the_broker_not_just_its_port(caplog):
+    """A broker that is stopped (SIGSTOP) or wedged still has its port accept TCP (the
+    kernel completes the handshake into the listen backlog): /readyz must say 503, because
+    it asks for ApiVersions (was: 200, from a TCP connect alone)."""
+    wedged = socket.socket()
+    wedged.bind(("127.0.0.1", 0))
+    wedged.listen(16)                                 # never accepted, never answered
+    try:
+        host, port = wedged.getsockname()
+        with ProxyThread(upstream=f"{host}:{port}") as proxy:
+            status, body = http_status(proxy.admin_url + "/readyz")
+    finally:
+        wedged.close()
+    assert status == 503 and f"{host}:{port}: TimeoutError" in body, (status, body)
