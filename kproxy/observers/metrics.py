@@ -108,7 +108,7 @@ REJOIN_ERRORS = ("REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATI
 REJOIN_ERROR_CODES = frozenset(code for code, name in schema.ERROR_NAMES.items() if name in REJOIN_ERRORS)
 CLOSE_REASONS = ("client_closed", "broker_closed", "frame_too_large", "rewrite_failed",
                  "idle_timeout", "shutdown", "socket_error", "upstream_unreachable",
-                 "max_connections", "request_deadline", "untrackable_request", "unpaired_response",
+                 "max_connections", "fd_limit", "request_deadline", "untrackable_request", "unpaired_response",
                  *WRONG_PROTOCOLS, "other")
 # Misconfigurations are told apart first: their messages name the mistake, not a frame size.
 _CLOSE_NEEDLES = tuple((phrase.lower(), cause) for cause, phrase in WRONG_PROTOCOLS.items()) + (
@@ -116,7 +116,8 @@ _CLOSE_NEEDLES = tuple((phrase.lower(), cause) for cause, phrase in WRONG_PROTOC
     ("frame of", "frame_too_large"), ("rewrite failed", "rewrite_failed"),
     ("idle", "idle_timeout"), ("shutting down", "shutdown"),
     ("unreachable", "upstream_unreachable"),
-    ("max_connections", "max_connections"), ("socket error", "socket_error"),
+    ("max_connections", "max_connections"), ("open file limit", "fd_limit"),
+    ("socket error", "socket_error"),
     ("request not complete", "request_deadline"), ("cannot tell whether", "untrackable_request"),
     ("broker response with correlation id", "unpaired_response"))
 

@@ -38,6 +38,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
+import resource
 import socket
 import ssl
 import time
@@ -101,6 +103,18 @@ ROUTE_ATTRIBUTE = "kproxy_route"  # set on each handshake's SSLObject: BOOTSTRAP
 # however many clients wait.
 DISCOVERY_METADATA_VERSION = 9
 DISCOVERY_MIN_INTERVAL_S = 1.0
+# Connections refused for a limit (max_connections, open files) come in bursts: each limit
+# is logged once a minute with how many were not; all are counted in
+# kproxy_connections_closed_total{reason}.
+REFUSAL_LOG_INTERVAL_S = 60.0
+REFUSAL_LOG_KINDS_PER_INTERVAL = 2
+# Open files: kproxy raises its soft limit up to the hard one (at most this: a million is
+# more connections than one event loop serves), keeps FD_HEADROOM descriptors for what
+# else opens files later (broker listeners, capture files, admin connections, TLS), and
+# counts two per proxied connection (the client's socket and the broker's).
+MAX_OPEN_FILES = 1 << 20
+FD_HEADROOM = 64
+FDS_PER_CONNECTION = 2
 OWN_CLIENT_ID = "kproxy"           # client_id of the requests kproxy itself sends upstream
 # /readyz asks an upstream for ApiVersions (v0: every broker answers it, before any SASL),
 # within this time, and keeps the answer this long.
@@ -162,6 +176,9 @@ class Proxy:
         self._decode_log = LogBudget(DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL)
         self._unreachable_log = unreachable_log_budget()    # one for all listeners
         self._readiness: tuple[float, tuple[bool, str]] | None = None   # (when, result)
+        self._refusal_log = LogBudget(REFUSAL_LOG_INTERVAL_S, REFUSAL_LOG_KINDS_PER_INTERVAL)
+        self._fd_limit: int | None = None            # the soft open-file limit, once planned
+        self._fd_connections: int | None = None      # proxied connections it leaves room for
         self._readiness_check: asyncio.Future | None = None
         self.rejected_connections = 0
         self._closed_traffic = {"from_client": 0, "to_broker": 0, "from_broker": 0, "to_client": 0}
@@ -435,12 +452,16 @@ class Proxy:
                 notify_hook(self.observers, "connection_refused", policy.name, "shutting down")
                 client.close()
                 return
-            if len(self.relays) >= self.config.max_connections:
+            limit = self._connection_limit()
+            if limit is not None:
                 self.rejected_connections += 1
-                peer = client.get_extra_info("peername")
-                log.warning("refusing connection from %s on %s: max_connections (%d) reached",
-                            peer, policy.name, self.config.max_connections)
-                notify_hook(self.observers, "connection_refused", policy.name, "max_connections")
+                unlogged = self._refusal_log.admit(limit)
+                if unlogged is not None:
+                    peer = client.get_extra_info("peername")
+                    log.warning("refusing connection from %s on %s: %s (the same again within %gs "
+                                "is not logged%s)", peer, policy.name, limit, REFUSAL_LOG_INTERVAL_S,
+                                f"; {unlogged} earlier refusals were not logged" if unlogged else "")
+                notify_hook(self.observers, "connection_refused", policy.name, limit)
                 client.close()
                 return
             relay = Relay(task=asyncio.current_task())
@@ -588,8 +609,39 @@ class Proxy:
 
     # ------------------------------------------------------------ lifecycle
 
+    def _connection_limit(self) -> str | None:
+        """Why one more connection cannot be taken now, if it cannot."""
+        if len(self.relays) >= self.config.max_connections:
+            return f"max_connections ({self.config.max_connections}) reached"
+        if self._fd_connections is not None and len(self.relays) >= self._fd_connections:
+            return (f"the open file limit ({self._fd_limit}) leaves room for {self._fd_connections} "
+                    f"proxied connections (two sockets each); raise it (ulimit -n, LimitNOFILE)")
+        return None
+
+    def _plan_file_descriptors(self) -> None:
+        """Raise the soft open-file limit to the hard one, and stop taking connections while
+        there are still descriptors left: at the limit the event loop drops new clients
+        without a word (uvloop accepts and closes them), which nobody could diagnose."""
+        try:
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            if hard == resource.RLIM_INFINITY or hard > soft:
+                wanted = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
+                if wanted > soft:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+                    soft = wanted
+            in_use = len(os.listdir("/proc/self/fd"))
+        except (OSError, ValueError):            # not Linux, or not allowed: keep max_connections
+            return
+        self._fd_limit = soft
+        self._fd_connections = max(0, (soft - in_use - FD_HEADROOM) // FDS_PER_CONNECTION)
+        if self._fd_connections < self.config.max_connections:
+            log.warning("the open file limit (%d, %d in use) allows %d proxied connections, fewer "
+                        "than max_connections (%d); raise it (ulimit -n, LimitNOFILE)", soft, in_use,
+                        self._fd_connections, self.config.max_connections)
+
     async def start(self) -> None:
         c = self.config
+        self._plan_file_descriptors()
         if c.mode == "sidecar":
             local = c.upstreams[0]              # the sidecar's one listener reaches its own broker
             policy = self._policy("sidecar", None)

@@ -710,3 +710,53 @@ def test_readiness_asks_the_broker_not_just_its_port(caplog):
     finally:
         wedged.close()
     assert status == 503 and f"{host}:{port}: TimeoutError" in body, (status, body)
+
+
+def test_the_open_file_limit_refuses_with_a_reason_instead_of_dropping_silently(tmp_path):
+    """At the open-file limit uvloop accepts and closes new clients without a word. kproxy
+    stops taking connections while descriptors are left, and says why (log + metric)."""
+    import resource
+    import subprocess
+    import sys
+
+    hard_limit = 160
+    upstream = socket.socket()
+    upstream.bind(("127.0.0.1", 0))
+    upstream.listen(1024)                 # connects complete in the backlog; never answered
+    listen, admin = free_ports(2)
+    log_path = tmp_path / "kproxy.log"
+
+    def limit_files():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard_limit, hard_limit))
+
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kproxy", "run", "--upstream", "%s:%d" % upstream.getsockname(),
+             "--listen", f"127.0.0.1:{listen}", "--admin-listen", f"127.0.0.1:{admin}"],
+            stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=limit_files)
+    clients = []
+    try:
+        def started() -> bool:
+            try:
+                return http_status(f"http://127.0.0.1:{admin}/healthz")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(started, 30, "kproxy to start")
+        for _ in range(hard_limit):       # more than it can hold: two sockets per connection
+            clients.append(socket.create_connection(("127.0.0.1", listen)))
+        wait_for(lambda: "refusing connection" in log_path.read_text(), 10, "the refusal to be logged")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10).read().decode()
+        refused = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith("kproxy_connections_closed_total{") and 'reason="fd_limit"' in line)
+        assert refused > 0
+        assert http_status(f"http://127.0.0.1:{admin}/healthz")[0] == 200   # still serving
+    finally:
+        for client in clients:
+            client.close()
+        proc.terminate()
+        proc.wait(timeout=30)
+        upstream.close()
+    logged = log_path.read_text()
+    assert "allows" in logged and "fewer than max_connections" in logged    # said at start
+    assert logged.count("open file limit (160) leaves room") == 1           # said once, counted after
