@@ -636,9 +636,10 @@ class Proxy:
         self._fd_connections = max(0, (soft - in_use - FD_HEADROOM) // FDS_PER_CONNECTION)
         if self._fd_connections < self.config.max_connections:
             # A warning when the limit, not max_connections, is what will refuse clients first
-            # by far; a near miss (a hard limit of 20,000 against the default 10,000) is noted.
+            # by far; a near miss (a hard limit of 20,000 against the default 10,000) is only
+            # a debug line: nothing an operator needs to act on.
             level = logging.WARNING if self._fd_connections < self.config.max_connections // 2 \
-                else logging.INFO
+                else logging.DEBUG
             log.log(level, "the open file limit (%d, %d in use) allows %d proxied connections, fewer "
                     "than max_connections (%d); raise it (ulimit -n, LimitNOFILE)", soft, in_use,
                     self._fd_connections, self.config.max_connections)
