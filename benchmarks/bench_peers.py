@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_proxy import ProxyProcess, free_port  # noqa: E402
+from benchmarks.bench_proxy import ProxyProcess, consume, free_port, produce  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PEERS = HERE.parent.parent / "shared" / "peers"
@@ -45,8 +45,6 @@ FULL = {"records_1k": 100_000, "records_100": 400_000, "latency_sends": 2_000, "
 QUICK = {"records_1k": 40_000, "records_100": 150_000, "latency_sends": 500, "rounds": 3}
 LATENCY_WARMUP_SENDS = 50        # first sends of a latency phase (connections, metadata) not counted
 IDLE_CONNECTIONS = 1000          # opened at once to measure RSS per idle connection (more: steadier)
-CONSUME_TIMEOUT_S = 120.0
-CONSUME_BATCH = 10_000
 PEER_START_TIMEOUT_S = 120.0     # a JVM proxy takes seconds to listen, more on a loaded machine
 TOPIC_SETTLE_S = 1.0             # after leaders exist; see the peers README (kafka-proxy bypass)
 # A proxied phase whose proxy used less CPU than this per MB moved its bytes elsewhere
@@ -250,56 +248,6 @@ class DirectPath:
 
 
 # ------------------------------------------------------------------ workloads
-
-def produce(bootstrap: str, topic: str, records: int, size: int) -> float:
-    """Seconds to produce ``records`` (acks=all, after a warm-up send that connects)."""
-    from confluent_kafka import Producer
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1 << 20,
-                         "compression.type": "none", "acks": "all"})
-    producer.produce(topic, b"w")
-    producer.flush(30)
-    payload = b"x" * size
-    start = time.perf_counter()
-    for i in range(records):
-        while True:
-            try:
-                producer.produce(topic, payload)
-                break
-            except BufferError:
-                producer.poll(0.005)
-        if i % 10_000 == 0:
-            producer.poll(0)
-    if producer.flush(120) != 0:
-        raise RuntimeError("produce did not finish")
-    return time.perf_counter() - start
-
-
-def consume(bootstrap: str, topic: str, records: int) -> float:
-    """Seconds from the first consumed record to the last (steady state, no connect time)."""
-    from confluent_kafka import Consumer, TopicPartition
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
-                         "enable.auto.commit": False, "fetch.max.bytes": 52428800,
-                         "fetch.queue.backoff.ms": 10, "session.timeout.ms": 6000})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    total = records + 1                       # the warm-up record too
-    got = 0
-    start = None
-    deadline = time.perf_counter() + CONSUME_TIMEOUT_S
-    try:
-        while got < total and time.perf_counter() < deadline:
-            # Never ask for more than remain: consume() waits its full timeout for a count.
-            batch = consumer.consume(min(CONSUME_BATCH, total - got), 1.0)
-            if batch and start is None:
-                start = time.perf_counter()
-                first_batch = len(batch)
-            got += len(batch)
-        elapsed = time.perf_counter() - start if start else 0.0
-    finally:
-        consumer.close()
-    if got < total:
-        raise RuntimeError(f"consumed {got} of {total}")
-    return elapsed * total / max(total - first_batch, 1)      # scale: the first batch took no time
-
 
 def latency(bootstrap: str, topic: str, sends: int) -> list[float]:
     """Seconds per sequential acks=1 send of 100 B (each awaited before the next)."""

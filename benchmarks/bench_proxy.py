@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 DEFAULT_RECORDS = 100_000
 DEFAULT_SIZE = 1024
 CONSUME_TIMEOUT_S = 120.0
+CONSUME_BATCH = 10_000
 # Capture runs over a simulated slow disk (see _kproxy_process.py): each write sleeps
 # this long first, so the writer manages ~50 writes/s, far below the traffic.
 SLOW_DISK_DELAY_S = 0.02
@@ -123,9 +124,12 @@ class ProxyProcess:
 
 
 def produce(bootstrap: str, topic: str, records: int, size: int) -> float:
+    """Seconds to produce ``records`` (acks=all, after a warm-up send that connects)."""
     from confluent_kafka import Producer
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1 << 20,
                          "compression.type": "none", "acks": "all"})
+    producer.produce(topic, b"w")
+    producer.flush(30)
     payload = b"x" * size
     start = time.perf_counter()
     for i in range(records):
@@ -134,29 +138,39 @@ def produce(bootstrap: str, topic: str, records: int, size: int) -> float:
                 producer.produce(topic, payload)
                 break
             except BufferError:
-                producer.poll(0.01)
+                producer.poll(0.005)
         if i % 10_000 == 0:
             producer.poll(0)
-    if producer.flush(60) != 0:
+    if producer.flush(120) != 0:
         raise RuntimeError("produce did not finish")
     return time.perf_counter() - start
 
 
 def consume(bootstrap: str, topic: str, records: int) -> float:
+    """Seconds from the first consumed record to the last (steady state, no connect time)."""
     from confluent_kafka import Consumer, TopicPartition
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
-                         "enable.auto.commit": False, "fetch.max.bytes": 52428800})
+                         "enable.auto.commit": False, "fetch.max.bytes": 52428800,
+                         "fetch.queue.backoff.ms": 10, "session.timeout.ms": 6000})
     consumer.assign([TopicPartition(topic, 0, 0)])
+    total = records + 1                       # the warm-up record too
     got = 0
-    start = time.perf_counter()
-    deadline = start + CONSUME_TIMEOUT_S
-    while got < records and time.perf_counter() < deadline:
-        got += len(consumer.consume(10_000, 1.0))
-    elapsed = time.perf_counter() - start
-    consumer.close()
-    if got < records:
-        raise RuntimeError(f"consumed {got} of {records}")
-    return elapsed
+    start = None
+    deadline = time.perf_counter() + CONSUME_TIMEOUT_S
+    try:
+        while got < total and time.perf_counter() < deadline:
+            # Never ask for more than remain: consume() waits its full timeout for a count.
+            batch = consumer.consume(min(CONSUME_BATCH, total - got), 1.0)
+            if batch and start is None:
+                start = time.perf_counter()
+                first_batch = len(batch)
+            got += len(batch)
+        elapsed = time.perf_counter() - start if start else 0.0
+    finally:
+        consumer.close()
+    if got < total:
+        raise RuntimeError(f"consumed {got} of {total}")
+    return elapsed * total / max(total - first_batch, 1)      # scale: the first batch took no time
 
 
 def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | None = None,
