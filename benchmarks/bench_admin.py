@@ -26,15 +26,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from benchmarks.bench_proxy import free_port  # noqa: E402
+
 PROBE_INTERVAL_S = 0.05
 PROBE_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Kproxy:
