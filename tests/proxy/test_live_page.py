@@ -256,7 +256,14 @@ def test_a_viewer_that_never_reads_costs_bounded_memory_and_slows_nobody(proxy, 
                 producer.send(topic, value=b"x" * 100).get(timeout=30)
                 sent += 1
                 assert sent < 20_000, "the backlog never filled: the stream is not bounded"
-            sent_rows_then = viewer.sent
+            # The backlog is full, but the stream may still be filling kernel buffers: wait
+            # until it is stuck (no row sent for a second) before counting.
+            sent_rows_then, stuck_since = viewer.sent, time.monotonic()
+            deadline = time.monotonic() + 30
+            while time.monotonic() - stuck_since < 1.0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+                if viewer.sent != sent_rows_then:
+                    sent_rows_then, stuck_since = viewer.sent, time.monotonic()
             for _ in range(200):
                 producer.send(topic, value=b"x" * 100).get(timeout=30)
                 sent += 1
