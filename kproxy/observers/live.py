@@ -307,6 +307,10 @@ class LiveView:
             elif cls is RequestReceived and not event.expects_response:
                 self._put(info, event, None)
 
+    def needs_bodies(self) -> bool:
+        """Hook: while someone watches, large frames are kept whole for the detail view."""
+        return self.watched
+
     def connection_opened(self, info) -> None:
         self._clients[info.id] = _Client(info)
         self._learning.add(info.id)

@@ -244,6 +244,10 @@ class Metrics:
         self.decode_failures = Counter("kproxy_decode_failures_total",
                                        "Frames that failed to decode, by direction", ["direction"],
                                        registry=r)
+        self.frames_streamed = Counter(
+            "kproxy_frames_streamed_total",
+            "Large frames passed on as they arrived, not kept whole (their bodies were not decoded)",
+            ["direction"], registry=r)
         self.sasl_tokens = Counter("kproxy_sasl_raw_tokens_total",
                                    "SASL v0 raw tokens passed through (never decoded)", ["direction"],
                                    registry=r)
@@ -360,6 +364,7 @@ class Metrics:
             self._series(API_KEYS[name])
         self._error_children: dict[tuple[str, int], object] = {}   # (api, error code) -> child
         self._decode_failures = {d: self.decode_failures.labels(d) for d in ("request", "response")}
+        self._streamed = {d: self.frames_streamed.labels(d) for d in ("request", "response")}
         # (api key, version) -> (versions child, removed in Kafka 4.0?)
         self._versions: dict[tuple[int, int], tuple[object, bool]] = {}
 
@@ -408,6 +413,9 @@ class Metrics:
             if version[1]:                    # from the header alone: no decoding needed
                 self.deprecated_requests.labels(series.name, str(event.api_version),
                                                 self._software_of(info)).inc()
+        if event.streamed:                    # no body: nothing more to count
+            self._streamed["request"].inc()
+            return
         request = event.request
         if request is None:
             self._decode_failures["request"].inc()
@@ -432,6 +440,10 @@ class Metrics:
         series.response_bytes += event.size
         if self.principal_label is not None and info is not None:
             self._principal_children(info, event.api_key, series.name)[2].inc(event.size)
+        if event.streamed:
+            self._streamed["response"].inc()
+            series.latency.observe(event.latency)
+            return
         response = event.response
         if response is None:
             self._decode_failures["response"].inc()

@@ -43,6 +43,17 @@ DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024
 # all, when one read brought them whole) and forwarded without joining them to their
 # size prefix; smaller ones are joined, which saves a write (and a TLS record).
 ZERO_COPY_FRAME_BYTES = 64 * 1024
+# Frames at least this big are streamed when nothing needs them whole (``Connection``'s
+# ``stream_frame_bytes``; the relay passes this): only their header is kept, the rest is
+# forwarded as it arrives. Far above ordinary traffic, which keeps its bodies for the
+# observers: the Java producer's max.request.size is 1 MiB by default and a consumer's
+# fetch answers are a few MiB (max.partition.fetch.bytes, 1 MiB per partition); a 96 MiB
+# Produce (the frame limit is 100 MiB) is held at 64 KiB instead.
+STREAM_FRAME_BYTES = 16 * 1024 * 1024
+# A streamed request's header (client_id, and a Produce's transactional_id and acks: two
+# strings of at most 32 KiB) must end within this many bytes; one that does not (tagged
+# fields in the header, say) is kept whole instead.
+STREAM_HEAD_LIMIT = 64 * 1024 + 64
 SIZE = struct.Struct(">i")
 _REQUEST_PREFIX = struct.Struct(">hhi")
 _I16 = struct.Struct(">h")
@@ -138,23 +149,24 @@ class RequestReceived:
     """A complete request frame from the client."""
 
     __slots__ = ("frame", "api_key", "api_version", "correlation_id", "time",
-                 "expects_response", "_request", "_error")
+                 "expects_response", "streamed", "size", "_request", "_error")
 
     def __init__(self, frame, api_key: int, api_version: int, correlation_id: int,
-                 time: float, expects_response: bool):
+                 time: float, expects_response: bool, streamed_size: int = 0):
+        """``streamed_size``: the frame was streamed (its size given, prefix included);
+        ``frame`` is then only its header (see ``streamed``)."""
         self.frame = frame
         self.api_key = api_key
         self.api_version = api_version
         self.correlation_id = correlation_id
         self.time = time
         self.expects_response = expects_response
+        # True: passed on as it arrived and not kept (nothing needed it whole): ``frame``
+        # is its header only, ``request`` is None and ``decode_error`` None too.
+        self.streamed = streamed_size > 0
+        self.size = streamed_size or len(frame) + 4      # on the wire, size prefix included
         self._request: Request | None = None
         self._error: DecodeError | None = None
-
-    @property
-    def size(self) -> int:
-        """Frame size on the wire, size prefix included."""
-        return len(self.frame) + 4
 
     @property
     def api_name(self) -> str:
@@ -162,8 +174,9 @@ class RequestReceived:
 
     @property
     def request(self) -> Request | None:
-        """The decoded request (decoded once, on first access); None if it cannot be decoded."""
-        if self._request is None and self._error is None:
+        """The decoded request (decoded once, on first access); None if it cannot be
+        decoded, or was streamed."""
+        if self._request is None and self._error is None and not self.streamed:
             try:
                 self._request = decode_request(self.frame)
             except DecodeError as exc:
@@ -177,24 +190,24 @@ class RequestReceived:
 
     def __repr__(self) -> str:
         return (f"RequestReceived({self.api_name} v{self.api_version}, "
-                f"correlation_id={self.correlation_id}, size={self.size})")
+                f"correlation_id={self.correlation_id}, size={self.size}"
+                f"{', streamed' if self.streamed else ''})")
 
 
 class ResponseReceived:
     """A complete response frame from the broker, paired with its request."""
 
-    __slots__ = ("frame", "request_event", "time", "_response", "_error")
+    __slots__ = ("frame", "request_event", "time", "streamed", "size", "_response", "_error")
 
-    def __init__(self, frame, request_event: RequestReceived, time: float):
+    def __init__(self, frame, request_event: RequestReceived, time: float, streamed_size: int = 0):
+        """``streamed_size`` as for ``RequestReceived``: ``frame`` is then the correlation id."""
         self.frame = frame
         self.request_event = request_event
         self.time = time
+        self.streamed = streamed_size > 0
+        self.size = streamed_size or len(frame) + 4
         self._response: Response | None = None
         self._error: DecodeError | None = None
-
-    @property
-    def size(self) -> int:
-        return len(self.frame) + 4
 
     @property
     def correlation_id(self) -> int:
@@ -215,7 +228,8 @@ class ResponseReceived:
 
     @property
     def response(self) -> Response | None:
-        if self._response is None and self._error is None:
+        """The decoded response; None if it cannot be decoded, or was streamed."""
+        if self._response is None and self._error is None and not self.streamed:
             try:
                 self._response = decode_response(self.frame, self.api_key, self.api_version)
             except DecodeError as exc:
@@ -230,7 +244,7 @@ class ResponseReceived:
     def __repr__(self) -> str:
         return (f"ResponseReceived({schema.api_name(self.api_key)} v{self.api_version}, "
                 f"correlation_id={self.correlation_id}, size={self.size}, "
-                f"latency={self.latency:.6f})")
+                f"latency={self.latency:.6f}{', streamed' if self.streamed else ''})")
 
 
 class SaslTokenPassed:
@@ -269,6 +283,16 @@ class MalformedFrame:
 Event = RequestReceived | ResponseReceived | SaslTokenPassed | MalformedFrame
 
 
+class StreamedFrame:
+    """What ``_Framer.feed`` gives for a frame it streamed: its first bytes and its length."""
+
+    __slots__ = ("head", "length")
+
+    def __init__(self, head, length: int):
+        self.head = head            # the frame's first bytes (no size prefix)
+        self.length = length        # the whole frame's length (no size prefix)
+
+
 class _Framer:
     """Splits one direction's byte stream into frames (without the size prefix).
 
@@ -278,18 +302,26 @@ class _Framer:
     a time (each growth may move and copy it all). A 1 MB frame in 64 KiB reads:
     1.6 ms before this framer copied each byte only once, 0.14 ms with a
     growing bytearray, 0.09 ms gathered.
+
+    Such a frame can instead be streamed (``stream``): its first bytes are kept,
+    the rest only counted, and ``feed`` gives a ``StreamedFrame`` when it ends.
     """
 
-    __slots__ = ("buffer", "max_frame_size", "direction", "_parts", "_missing", "_gathered", "_framed")
+    __slots__ = ("buffer", "max_frame_size", "direction", "gather_from", "_parts", "_missing",
+                 "_gathered", "_framed", "_skipped", "_streaming", "decided")
 
-    def __init__(self, max_frame_size: int, direction: str):
+    def __init__(self, max_frame_size: int, direction: str, gather_from: int = ZERO_COPY_FRAME_BYTES):
         self.buffer = bytearray()
         self.max_frame_size = max_frame_size
         self.direction = direction
+        self.gather_from = gather_from       # incomplete frames this big are gathered as reads
         self._parts: list | None = None      # chunks of a large frame, size prefix first
         self._missing = 0                    # bytes that frame still lacks
         self._gathered = 0                   # bytes of it in _parts
+        self._skipped = 0                    # bytes of it passed without keeping (streamed)
+        self._streaming = False              # that frame is streamed
         self._framed = False                 # a frame has started: the peer speaks Kafka
+        self.decided = False                 # whether to stream that frame has been decided
 
     def feed(self, data) -> list:
         """Complete frames in ``data`` (and what came before): ``bytes`` or ``memoryview``.
@@ -299,19 +331,29 @@ class _Framer:
         """
         frames = []
         if self._parts is not None:
-            if not isinstance(data, bytes):
-                data = bytes(data)
             if len(data) < self._missing:
-                self._parts.append(data)
                 self._missing -= len(data)
+                if self._streaming:
+                    self._skipped += len(data)
+                    return frames
+                if not isinstance(data, bytes):
+                    data = bytes(data)
+                self._parts.append(data)
                 self._gathered += len(data)
                 return frames
             view = memoryview(data)
-            self._parts.append(view[:self._missing])
-            frames.append(memoryview(b"".join(self._parts))[4:])
+            if self._streaming:
+                frames.append(StreamedFrame(memoryview(self._parts[0])[4:],
+                                            self._gathered + self._skipped + self._missing - 4))
+            else:
+                if not isinstance(data, bytes):
+                    view = memoryview(bytes(data))
+                self._parts.append(view[:self._missing])
+                frames.append(memoryview(b"".join(self._parts))[4:])
             data = view[self._missing:]
             self._parts = None
-            self._missing = self._gathered = 0
+            self._missing = self._gathered = self._skipped = 0
+            self.decided = self._streaming = False
             if not data:
                 return frames
         buf = self.buffer
@@ -329,7 +371,7 @@ class _Framer:
             stop = pos + 4 + size
             self._framed = True
             if stop > end:
-                if size >= ZERO_COPY_FRAME_BYTES:    # gather the rest as it comes
+                if size >= self.gather_from:    # gather the rest as it comes
                     self._parts = [bytes(memoryview(buf)[pos:end])]
                     self._gathered = end - pos
                     self._missing = stop - end
@@ -351,9 +393,33 @@ class _Framer:
         return frames
 
     @property
+    def gathering(self) -> bool:
+        """A large incomplete frame is being gathered (not streamed)."""
+        return self._parts is not None and not self._streaming
+
+    @property
+    def frame_length(self) -> int:
+        """The length of the large incomplete frame (size prefix excluded)."""
+        return self._gathered + self._skipped + self._missing - 4
+
+    def stream(self, keep: int) -> None:
+        """Keep only the first ``keep`` bytes (size prefix included, fewer than it has)
+        of the large incomplete frame; pass the rest, now and to come, without keeping it."""
+        head = self.buffered_bytes(0, keep)
+        self._skipped = self._gathered - keep
+        self._parts = [head]
+        self._gathered = keep
+        self._streaming = self.decided = True
+
+    @property
     def buffered(self) -> int:
-        """Bytes of the incomplete frame at the end of the stream so far."""
+        """Bytes held of the incomplete frame at the end of the stream so far."""
         return len(self.buffer) + self._gathered
+
+    @property
+    def progress(self) -> int:
+        """Bytes of that frame received so far, held or streamed (size prefix included)."""
+        return len(self.buffer) + self._gathered + self._skipped
 
     def buffered_bytes(self, start: int = 0, end: int | None = None) -> bytes:
         """Those bytes (``start`` to ``end``), size prefix included."""
@@ -448,6 +514,13 @@ def _produce_expects_response(frame, version: int) -> bool:
     Raises UntrackableRequest for a version kproxy does not know (its layout could
     differ) and for bytes the broker refuses (it closes the connection on them).
     """
+    return _produce_acks(frame, version)[0]
+
+
+def _produce_acks(frame, version: int) -> tuple[bool, int]:
+    """``_produce_expects_response``, and where acks ends. Given only the frame's first
+    bytes, an answer is the whole frame's answer (every check it passes there passes
+    on the whole); UntrackableRequest then may mean that more bytes are needed."""
     spec = schema.REQUESTS[PRODUCE_KEY]
     if not spec.has_version(version):
         raise UntrackableRequest(f"Produce v{version} is unknown to kproxy: cannot tell "
@@ -462,7 +535,28 @@ def _produce_expects_response(frame, version: int) -> bool:
         reason = str(exc) if isinstance(exc, _BrokerRefuses) else "cut short"
         raise UntrackableRequest(f"Produce v{version} that the broker cannot parse ({reason}): "
                                  f"cannot tell whether it is answered") from None
-    return acks != 0
+    return acks != 0, pos + 2
+
+
+def _stream_head(frame) -> int | None:
+    """How many of a request's first bytes (``frame``: at most ``STREAM_HEAD_LIMIT`` of
+    them, no size prefix) tell all that pairing and the observers' headers need:
+    api key, version, correlation id, client_id and, for a Produce, acks. None: these
+    bytes cannot tell (the request is then kept whole, and judged when complete)."""
+    if len(frame) < _REQUEST_PREFIX.size:
+        return None
+    api_key, api_version, _ = _REQUEST_PREFIX.unpack_from(frame, 0)
+    if api_key == SASL_HANDSHAKE_KEY:
+        return None                          # its body names the mechanism (raw SASL follows)
+    try:
+        if api_key == PRODUCE_KEY:
+            return _produce_acks(frame, api_version)[1]
+        header_version = schema.request_header_version(api_key, api_version)
+        if not header_version:
+            return _REQUEST_PREFIX.size       # unknown (answered or closed), or no client_id
+        return _broker_skip_string(frame, _REQUEST_PREFIX.size, compact=False)
+    except (UntrackableRequest, *_REFUSED):
+        return None
 
 
 # What relay_broker does with the start of the broker's incomplete frame.
@@ -471,23 +565,41 @@ _HOLD = "hold"          # keep it until complete: it answers a held request
 _WAIT = "wait"          # keep it until its correlation id has arrived (under 8 bytes so far)
 
 
+def _never() -> bool:
+    return False
+
+
+_NO_LIMIT = 1 << 62
+
+
 class Connection:
     """Pairs requests and responses on one client⇄broker connection."""
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                  clock: Callable[[], float] = time.monotonic,
                  hold: Callable[[int, int], bool] | None = None,
-                 transform: Callable[[ResponseReceived], bytes | None] | None = None):
+                 transform: Callable[[ResponseReceived], bytes | None] | None = None,
+                 stream_frame_bytes: int | None = None,
+                 keep_bodies: Callable[[], bool] | None = None):
         """``hold(api_key, api_version)`` says which responses ``relay_broker`` must keep
         until complete and pass to ``transform``, which returns replacement frame bytes
         (without size prefix) or None to send the original. All other bytes pass through
         as they arrive, once the correlation id at their start has shown which request
-        they answer."""
+        they answer.
+
+        ``stream_frame_bytes`` (None: never) streams frames at least that big, unless
+        ``keep_bodies()`` says, when one starts, that something needs them whole: only
+        their header is kept (what pairing needs), and their events say ``streamed``.
+        Held responses, SaslHandshake v0 and raw SASL tokens are always kept whole."""
         self._clock = clock
         self._hold = hold
         self._transform = transform
-        self._client = _Framer(max_frame_size, "client")
-        self._broker = _Framer(max_frame_size, "broker")
+        self._stream_frame_bytes = stream_frame_bytes
+        self._keep_bodies = keep_bodies or _never
+        gather_from = min(ZERO_COPY_FRAME_BYTES, stream_frame_bytes or ZERO_COPY_FRAME_BYTES)
+        self._client = _Framer(max_frame_size, "client", gather_from)
+        self._broker = _Framer(max_frame_size, "broker", gather_from)
+        self._client_head_tried = 0  # bytes of the client's large frame when its head was last read
         self._broker_passed = 0      # bytes of the broker's incomplete frame already forwarded
         self._broker_waiting = b""   # its first bytes, held back until the correlation id is in
         self._pending: deque[RequestReceived] = deque()
@@ -512,8 +624,20 @@ class Connection:
 
     @property
     def buffered(self) -> int:
-        """Bytes held for incomplete frames, both directions."""
+        """Bytes held for incomplete frames, both directions (of streamed ones: their header)."""
         return self._client.buffered + self._broker.buffered
+
+    def _streams(self, length: int) -> bool:
+        """Whether a frame of ``length`` bytes that could be streamed is: big enough, and
+        nothing needs it whole now."""
+        return (self._stream_frame_bytes is not None and length >= self._stream_frame_bytes
+                and not self._keep_bodies())
+
+    def _sasl_pending(self) -> bool:
+        """Raw SASL mode, or a SaslHandshake v0 not yet answered: the client's frames may be
+        (or become) tokens, which are judged by their whole bytes."""
+        return self._raw_sasl_rounds is not None or any(
+            r.api_key == SASL_HANDSHAKE_KEY and r.api_version == 0 for r in self._pending)
 
     # ------------------------------------------------------------ client side
 
@@ -523,15 +647,46 @@ class Connection:
         forwarded."""
         now = self._clock()
         events: list[Event] = []
-        for frame in self._client.feed(data):
+        framer = self._client
+        for frame in framer.feed(data):
+            if frame.__class__ is StreamedFrame:
+                events.append(self._request(frame.head, now, frame.length + 4))
+                continue
             if self._raw_sasl_rounds is not None and not self._raw_sasl_exit(frame):
                 self._raw_sasl_client_tokens += 1
                 events.append(SaslTokenPassed("client", len(frame) + 4, now))
                 continue
             events.append(self._request(frame, now))
+        if framer._parts is not None and not framer.decided:
+            self._maybe_stream_request()
         return events
 
-    def _request(self, frame, now: float) -> Event:
+    def _maybe_stream_request(self) -> None:
+        """Decide whether the client's large incomplete frame is streamed, once its header
+        is in (read again each time what has arrived doubles: a trickle costs no more)."""
+        framer = self._client
+        if not self._streams(framer.frame_length) or self._sasl_pending():
+            framer.decided = True
+            return
+        have = framer.buffered - 4
+        if have < 2 * self._client_head_tried and have < STREAM_HEAD_LIMIT:
+            return
+        self._client_head_tried = have
+        end = _stream_head(framer.buffered_bytes(4, 4 + STREAM_HEAD_LIMIT))
+        if end is not None:
+            self._client_head_tried = 0
+            framer.stream(4 + end)
+        elif have >= STREAM_HEAD_LIMIT:
+            self._client_head_tried = 0
+            framer.decided = True            # the header runs on: keep it whole
+    def _request(self, frame, now: float, streamed_size: int = 0) -> Event:
+        """``streamed_size``: ``frame`` is the head of a streamed frame of that size."""
+        if not streamed_size and len(frame) >= (self._stream_frame_bytes or _NO_LIMIT) \
+                and self._streams(len(frame)) and not self._sasl_pending():
+            # Complete in one read: streamed too, so what observers get does not depend on reads.
+            end = _stream_head(frame[:STREAM_HEAD_LIMIT])
+            if end is not None:
+                frame, streamed_size = bytes(frame[:end]), len(frame) + 4
         if len(frame) < _REQUEST_PREFIX.size:
             # The broker cannot read its header either: it closes the connection, unanswered.
             return MalformedFrame("client", frame, "request shorter than its header", now)
@@ -541,7 +696,7 @@ class Connection:
         expects = True
         if api_key == PRODUCE_KEY:
             expects = _produce_expects_response(frame, api_version)
-        event = RequestReceived(frame, api_key, api_version, correlation_id, now, expects)
+        event = RequestReceived(frame, api_key, api_version, correlation_id, now, expects, streamed_size)
         if api_key == SASL_HANDSHAKE_KEY and api_version == 0:
             request = event.request
             self._sasl_mechanism = getattr(request.body, "mechanism", None) if request else None
@@ -599,7 +754,7 @@ class Connection:
             # A frame whose first bytes already went out cannot be held back any more.
             held.append(isinstance(event, ResponseReceived) and self._held(event.request_event)
                         and not (i == 0 and passed))
-        tail = framer.buffered
+        tail = framer.progress
         tail_action = self._broker_tail_action() if tail else _PASS
         self._broker_passed = tail if tail_action is _PASS else 0
         self._broker_waiting = framer.buffered_bytes() if tail_action is _WAIT else b""
@@ -614,6 +769,9 @@ class Connection:
             return events, out
         out: list = []
         for i, (frame, event, is_held) in enumerate(zip(frames, events, held)):
+            if frame.__class__ is StreamedFrame:     # only ever first: the rest of it is here
+                out.append(memoryview(data)[:frame.length + 4 - passed])
+                continue
             replacement = self._transform(event) if is_held and self._transform else None
             if replacement is not None:
                 out.append(SIZE.pack(len(replacement)) + replacement)
@@ -629,8 +787,8 @@ class Connection:
                 out.append(frame)
             else:
                 out.append(memoryview(frame)[already - 4:])
-        if tail and tail_action is _PASS:
-            out.append(framer.buffered_bytes())
+        if tail and tail_action is _PASS:            # it started in this chunk
+            out.append(memoryview(data)[len(data) - tail:])
         return events, out
 
     def _held(self, request: RequestReceived) -> bool:
@@ -646,7 +804,14 @@ class Connection:
             return _WAIT
         correlation_id, = SIZE.unpack_from(start, 4)
         request = self._oldest_unanswered(correlation_id)
-        return _HOLD if self._held(request) else _PASS
+        if self._held(request):
+            return _HOLD
+        framer = self._broker
+        if framer._parts is not None and not framer.decided:
+            framer.decided = True
+            if request.api_key != SASL_HANDSHAKE_KEY and self._streams(framer.frame_length):
+                framer.stream(_CORRELATION_END)
+        return _PASS
 
     def _oldest_unanswered(self, correlation_id: int) -> RequestReceived:
         """The request a response with this correlation id answers; UnpairedResponse if it
@@ -662,6 +827,8 @@ class Connection:
                                f"but {expected}")
 
     def _broker_frame(self, frame, now: float) -> Event:
+        if frame.__class__ is StreamedFrame:
+            return self._response(frame.head, now, frame.length + 4)
         if self._raw_sasl_rounds is not None:
             self._raw_sasl_broker_tokens += 1
             rounds = self._raw_sasl_rounds
@@ -670,7 +837,7 @@ class Connection:
             return SaslTokenPassed("broker", len(frame) + 4, now)
         return self._response(frame, now)
 
-    def _response(self, frame, now: float) -> Event:
+    def _response(self, frame, now: float, streamed_size: int = 0) -> Event:
         if len(frame) < 4:
             raise UnpairedResponse(f"broker frame of {len(frame)} bytes is too short for a response")
         correlation_id, = SIZE.unpack_from(frame, 0)
@@ -678,7 +845,12 @@ class Connection:
         if not pending or pending[0].correlation_id != correlation_id:
             self._oldest_unanswered(correlation_id)              # raises UnpairedResponse
         request = pending.popleft()
-        event = ResponseReceived(frame, request, now)
+        if not streamed_size and len(frame) >= (self._stream_frame_bytes or _NO_LIMIT) \
+                and request.api_key != SASL_HANDSHAKE_KEY and not self._held(request) \
+                and self._streams(len(frame)):
+            # Complete in one read: streamed too, so what observers get does not depend on reads.
+            frame, streamed_size = bytes(frame[:4]), len(frame) + 4
+        event = ResponseReceived(frame, request, now, streamed_size)
         if request.api_key == SASL_HANDSHAKE_KEY and request.api_version == 0 \
                 and len(frame) >= 6 and _I16.unpack_from(frame, 4)[0] == 0:      # error_code: none
             self._raw_sasl_rounds = RAW_SASL_ROUNDS.get(self._sasl_mechanism or "", 0)

@@ -21,12 +21,14 @@ Backpressure is explicit: when one side's transport holds more than
 ``WRITE_HIGH_WATER`` unsent bytes, the loop calls that side's
 ``pause_writing`` and kproxy stops reading the *other* side, until the buffer
 is below ``WRITE_LOW_WATER``. Memory per connection is bounded by that plus the
-tracker's copy of the frame in progress in each direction (kept whole so
-observers can decode it), i.e. at most ``max_frame_size`` per direction, and
-all connections' incomplete frames together by the ``BufferBudget`` (beyond it
-the sides holding them are no longer read, all but one); a streaming header walk
-for large pass-through frames would lower that. An idle connection holds no read
-buffer at all (the arena is the listener's). One client cannot monopolize the
+tracker's copy of the frame in progress in each direction, kept whole so
+observers can decode it: frames of ``STREAM_FRAME_BYTES`` and up are not kept
+(only their header) unless an address-bearing answer or an observer that asks
+for bodies (``needs_bodies``) needs them whole, so what is kept is at most that
+much per direction, or ``max_frame_size`` when needed. All connections'
+incomplete frames together are bounded by the ``BufferBudget`` (beyond it the
+sides holding them are no longer read, all but one). An idle connection holds
+no read buffer at all (the arena is the listener's). One client cannot monopolize the
 loop either: it is not read with ``MAX_IN_FLIGHT_PER_CONNECTION`` requests
 unanswered, and its events reach observers a bounded step at a time.
 
@@ -47,7 +49,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from ..protocol.connection import DEFAULT_MAX_FRAME_SIZE, Connection, Event, ProtocolViolation, ResponseReceived
+from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, Connection, Event,
+                                   ProtocolViolation, ResponseReceived)
 from .log_budget import LogBudget
 from .tls import certificate_subject
 
@@ -118,10 +121,25 @@ class RelayPolicy:
     hold: Callable[[int, int], bool] | None = None
     transform: Callable[[ResponseReceived], bytes | None] | None = None
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    stream_frame_bytes: int | None = STREAM_FRAME_BYTES   # None: keep every frame whole
     connect_timeout: float = 10.0
     upstream_ssl: ssl.SSLContext | None = None
     upstream_check_hostname: bool = True
     unreachable_log: LogBudget = field(default_factory=lambda: unreachable_log_budget())
+
+
+def bodies_needed(observers: Iterable[Observer]) -> Callable[[], bool]:
+    """Whether any observer needs whole frames now: those that may say so with a
+    ``needs_bodies()`` method (capture while it runs, the live view while watched);
+    the tracker asks when a large frame starts. One that raises is taken as yes."""
+    hooks = [hook for hook in (getattr(o, "needs_bodies", None) for o in observers) if callable(hook)]
+
+    def needed() -> bool:
+        try:
+            return any(hook() for hook in hooks)
+        except Exception:                        # noqa: BLE001 - keeping frames whole is the safe side
+            return True
+    return needed
 
 
 def unreachable_log_budget() -> LogBudget:
@@ -617,7 +635,8 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
     relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened,
                                 certificate_subject(client.get_extra_info("peercert")))
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
-                               transform=policy.transform)
+                               transform=policy.transform, stream_frame_bytes=policy.stream_frame_bytes,
+                               keep_bodies=bodies_needed(policy.observers))
     relay.observers = policy.observers
     relay.budget = loop_buffer_budget()
     for endpoint in (client, broker):

@@ -79,6 +79,11 @@ class Capture:
             return
         session.observe(info if info is not None else _UNKNOWN, events)
 
+    def needs_bodies(self) -> bool:
+        """Hook: while capturing, large frames are kept whole (rows summarize bodies, pcapng
+        writes frames) instead of streamed past the observers."""
+        return self.active
+
     def connection_closed(self, info, reason: str | None = None, in_flight: int | None = None) -> None:
         """Hook: the proxied connection ``info`` closed. ``in_flight``: requests the tracker
         still had unanswered (``Relay.in_flight``), so exactly those get "unanswered" rows."""
