@@ -100,6 +100,28 @@ def test_unknown_versions_and_decode_failures_are_counted():
     assert value(m, "kproxy_decode_failures_total", direction="request") == 1
 
 
+def test_streamed_frames_are_counted_with_requests_and_latency_but_no_decode_failure():
+    m, clock = Metrics(), Clock()
+    conn = Connection(clock=clock, stream_frame_bytes=4096)
+    records = batch(60, "none")                                   # ~8 KiB: streamed at 4 KiB
+    produce = Struct(name="orders", partition_data=[Struct(index=0, records=records)])
+    fetched = [Struct(topic="t", partitions=[Struct(partition_index=0, records=records)])]
+    req_size, resp_size = exchange(m, conn, clock, 0, 9, 1,
+                                   dict(acks=-1, timeout_ms=1000, topic_data=[produce]),
+                                   dict(responses=[]), wait=0.003)
+    exchange(m, conn, clock, 1, 12, 2, dict(topics=[]), dict(responses=fetched), wait=0.02)
+    assert value(m, "kproxy_frames_streamed_total", direction="request") == 1
+    assert value(m, "kproxy_frames_streamed_total", direction="response") == 1
+    assert value(m, "kproxy_requests_total", api="Produce") == 1
+    assert value(m, "kproxy_request_bytes_total", api="Produce") == req_size > 4096
+    assert value(m, "kproxy_request_latency_seconds_sum", api="Produce") == pytest.approx(0.003)
+    assert value(m, "kproxy_request_latency_seconds_sum", api="Fetch") == pytest.approx(0.02)
+    assert value(m, "kproxy_fetch_long_poll_seconds_count", api="Fetch") == 0
+    assert value(m, "kproxy_decode_failures_total", direction="request") == 0
+    assert value(m, "kproxy_decode_failures_total", direction="response") == 0
+    assert value(m, "kproxy_produced_records_total") == 0          # a streamed body is not read
+
+
 def test_client_id_label_is_opt_in_and_capped():
     m, clock = Metrics(client_id_label=True, label_cap=2), Clock()
     conn = Connection(clock=clock)
