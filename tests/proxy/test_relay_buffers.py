@@ -84,3 +84,35 @@ def test_when_no_holder_is_read_the_largest_waiting_one_goes_next():
     assert not c.paused and b.paused
     budget.forget(c)                         # c's connection closed: 50 held, all go
     assert not b.paused
+
+
+# ---------------------------------------------------------------- who needs whole frames
+
+def test_large_frames_are_kept_whole_while_capture_runs_or_someone_watches(tmp_path):
+    from kproxy.observers.capture import Capture
+    from kproxy.observers.live import LiveView
+    from kproxy.observers.metrics import Metrics
+    from kproxy.proxy.relay import bodies_needed
+
+    capture, live = Capture(), LiveView()
+    needed = bodies_needed([Metrics(), capture, live])
+    assert not needed()                       # nobody needs them: large frames are streamed
+    capture.start({"directory": str(tmp_path)})
+    try:
+        assert needed()
+    finally:
+        capture.stop()
+    assert not needed()
+    live.watch()
+    assert needed()
+    live.unwatch()
+    assert not needed()
+
+    class Broken:
+        def __call__(self, info, events):
+            pass
+
+        def needs_bodies(self):
+            raise RuntimeError("bug")
+
+    assert bodies_needed([Broken()])()        # a failing hook keeps frames whole: the safe side
