@@ -10,16 +10,14 @@ answered (all by ``shutdown_timeout``), close the admin port. ``/readyz`` is als
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import json
 import logging
-import os
 import signal
 from typing import Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .allocator import MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD, tune_allocator  # noqa: F401
 from .config import Config
 from .observers.capture import Capture
 from .observers.capture import control as capture_control
@@ -38,37 +36,6 @@ CAPTURE_ROUTES = frozenset({"/capture", "/capture/start", "/capture/stop"})
 # The live page's data (pairs, overview, downloads) needs the token too; the page's own
 # HTML/JS/CSS, the same for everyone, does not (it asks for the token).
 LIVE_PREFIX = "/live/"
-
-
-# glibc's malloc maps every allocation above a moving threshold (128 KiB at first) with
-# mmap and unmaps it on free, so each MB-sized frame buffer arrives as fresh pages to
-# fault in. That was invisible while buffers were freed at once (the threshold then
-# rises), but whenever frames are kept a while (capture's queue, a slow client's
-# write buffer) it cost ~0.45 ms per MB on the event loop, against ~0.05 ms with
-# heap allocation (measured: 1 MB frames read in 64 KiB pieces, 60 kept).
-MALLOC_MMAP_THRESHOLD = 32 * 1024 * 1024      # glibc's own ceiling for this setting
-# Free memory at the top of the heap beyond this goes back to the system.
-MALLOC_TRIM_THRESHOLD = 128 * 1024 * 1024
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3    # mallopt parameter numbers (malloc.h)
-
-
-def tune_allocator() -> bool:
-    """Serve frame-sized allocations from the heap (glibc only; a no-op elsewhere).
-
-    Called once by ``kproxy run`` and ``kproxy demo`` at start. An operator's own
-    ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` environment wins.
-    """
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
-        return False
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):      # not glibc (e.g. musl has no mallopt)
-        mallopt = None
-    if mallopt is None:
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)
-                and mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
 
 
 def _json(status: int, payload: dict) -> tuple[int, str, bytes]:
