@@ -149,7 +149,7 @@ class RequestReceived:
     """A complete request frame from the client."""
 
     __slots__ = ("frame", "api_key", "api_version", "correlation_id", "time",
-                 "expects_response", "streamed", "size", "_request", "_error")
+                 "expects_response", "_streamed_size", "_request", "_error")
 
     def __init__(self, frame, api_key: int, api_version: int, correlation_id: int,
                  time: float, expects_response: bool, streamed_size: int = 0):
@@ -161,12 +161,20 @@ class RequestReceived:
         self.correlation_id = correlation_id
         self.time = time
         self.expects_response = expects_response
-        # True: passed on as it arrived and not kept (nothing needed it whole): ``frame``
-        # is its header only, ``request`` is None and ``decode_error`` None too.
-        self.streamed = streamed_size > 0
-        self.size = streamed_size or len(frame) + 4      # on the wire, size prefix included
+        self._streamed_size = streamed_size
         self._request: Request | None = None
         self._error: DecodeError | None = None
+
+    @property
+    def size(self) -> int:
+        """Frame size on the wire, size prefix included."""
+        return self._streamed_size or len(self.frame) + 4
+
+    @property
+    def streamed(self) -> bool:
+        """Passed on as it arrived and not kept (nothing needed it whole): ``frame`` is
+        its header only, ``request`` is None and ``decode_error`` None too."""
+        return self._streamed_size != 0
 
     @property
     def api_name(self) -> str:
@@ -176,7 +184,7 @@ class RequestReceived:
     def request(self) -> Request | None:
         """The decoded request (decoded once, on first access); None if it cannot be
         decoded, or was streamed."""
-        if self._request is None and self._error is None and not self.streamed:
+        if self._request is None and self._error is None and not self._streamed_size:
             try:
                 self._request = decode_request(self.frame)
             except DecodeError as exc:
@@ -197,17 +205,25 @@ class RequestReceived:
 class ResponseReceived:
     """A complete response frame from the broker, paired with its request."""
 
-    __slots__ = ("frame", "request_event", "time", "streamed", "size", "_response", "_error")
+    __slots__ = ("frame", "request_event", "time", "_streamed_size", "_response", "_error")
 
     def __init__(self, frame, request_event: RequestReceived, time: float, streamed_size: int = 0):
         """``streamed_size`` as for ``RequestReceived``: ``frame`` is then the correlation id."""
         self.frame = frame
         self.request_event = request_event
         self.time = time
-        self.streamed = streamed_size > 0
-        self.size = streamed_size or len(frame) + 4
+        self._streamed_size = streamed_size
         self._response: Response | None = None
         self._error: DecodeError | None = None
+
+    @property
+    def size(self) -> int:
+        return self._streamed_size or len(self.frame) + 4
+
+    @property
+    def streamed(self) -> bool:
+        """As for ``RequestReceived``: ``frame`` is then the correlation id alone."""
+        return self._streamed_size != 0
 
     @property
     def correlation_id(self) -> int:
@@ -229,7 +245,7 @@ class ResponseReceived:
     @property
     def response(self) -> Response | None:
         """The decoded response; None if it cannot be decoded, or was streamed."""
-        if self._response is None and self._error is None and not self.streamed:
+        if self._response is None and self._error is None and not self._streamed_size:
             try:
                 self._response = decode_response(self.frame, self.api_key, self.api_version)
             except DecodeError as exc:
@@ -595,6 +611,7 @@ class Connection:
         self._hold = hold
         self._transform = transform
         self._stream_frame_bytes = stream_frame_bytes
+        self._stream_from = stream_frame_bytes or _NO_LIMIT     # one comparison per frame
         self._keep_bodies = keep_bodies or _never
         gather_from = min(ZERO_COPY_FRAME_BYTES, stream_frame_bytes or ZERO_COPY_FRAME_BYTES)
         self._client = _Framer(max_frame_size, "client", gather_from)
@@ -681,7 +698,7 @@ class Connection:
             framer.decided = True            # the header runs on: keep it whole
     def _request(self, frame, now: float, streamed_size: int = 0) -> Event:
         """``streamed_size``: ``frame`` is the head of a streamed frame of that size."""
-        if not streamed_size and len(frame) >= (self._stream_frame_bytes or _NO_LIMIT) \
+        if not streamed_size and len(frame) >= self._stream_from \
                 and self._streams(len(frame)) and not self._sasl_pending():
             # Complete in one read: streamed too, so what observers get does not depend on reads.
             end = _stream_head(frame[:STREAM_HEAD_LIMIT])
@@ -845,7 +862,7 @@ class Connection:
         if not pending or pending[0].correlation_id != correlation_id:
             self._oldest_unanswered(correlation_id)              # raises UnpairedResponse
         request = pending.popleft()
-        if not streamed_size and len(frame) >= (self._stream_frame_bytes or _NO_LIMIT) \
+        if not streamed_size and len(frame) >= self._stream_from \
                 and request.api_key != SASL_HANDSHAKE_KEY and not self._held(request) \
                 and self._streams(len(frame)):
             # Complete in one read: streamed too, so what observers get does not depend on reads.
