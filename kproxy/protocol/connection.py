@@ -524,19 +524,15 @@ def _broker_body_start(frame, header_version: int) -> int:
 _REFUSED = (_BrokerRefuses, IndexError, struct.error)
 
 
-def _produce_expects_response(frame, version: int) -> bool:
-    """Whether the broker answers this Produce (acks != 0), read as the broker reads it.
+def _produce_acks(frame, version: int) -> tuple[bool, int]:
+    """Whether the broker answers this Produce (acks != 0), read as the broker reads it,
+    and where acks ends.
 
     Raises UntrackableRequest for a version kproxy does not know (its layout could
-    differ) and for bytes the broker refuses (it closes the connection on them).
+    differ) and for bytes the broker refuses (it closes the connection on them). Given
+    only the frame's first bytes, an answer is the whole frame's answer (every check
+    passed there passes on the whole); UntrackableRequest then may mean "more bytes".
     """
-    return _produce_acks(frame, version)[0]
-
-
-def _produce_acks(frame, version: int) -> tuple[bool, int]:
-    """``_produce_expects_response``, and where acks ends. Given only the frame's first
-    bytes, an answer is the whole frame's answer (every check it passes there passes
-    on the whole); UntrackableRequest then may mean that more bytes are needed."""
     spec = schema.REQUESTS[PRODUCE_KEY]
     if not spec.has_version(version):
         raise UntrackableRequest(f"Produce v{version} is unknown to kproxy: cannot tell "
@@ -712,7 +708,7 @@ class Connection:
         # Produce with acks=0. (Unknown APIs and versions: the broker answers or closes.)
         expects = True
         if api_key == PRODUCE_KEY:
-            expects = _produce_expects_response(frame, api_version)
+            expects = _produce_acks(frame, api_version)[0]
         event = RequestReceived(frame, api_key, api_version, correlation_id, now, expects, streamed_size)
         if api_key == SASL_HANDSHAKE_KEY and api_version == 0:
             request = event.request
