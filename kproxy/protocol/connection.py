@@ -23,6 +23,12 @@ before any of their bytes are forwarded.
 Events carry the raw frame and decode it only when asked (``.request`` /
 ``.response``), so the proxy can forward first and decode afterwards.
 Decoding failures never raise here: they show up as ``decode_error``.
+
+Frames of ``stream_frame_bytes`` and up can be streamed instead of kept whole:
+the tracker reads what pairing needs from their header (a request's api key,
+version, correlation id and, for Produce, acks; a response's correlation id),
+keeps that, and only counts the rest. Their events say ``streamed`` and carry
+no body. Responses ``hold`` selects are never streamed.
 """
 
 from __future__ import annotations
@@ -47,8 +53,8 @@ ZERO_COPY_FRAME_BYTES = 64 * 1024
 # ``stream_frame_bytes``; the relay passes this): only their header is kept, the rest is
 # forwarded as it arrives. Far above ordinary traffic, which keeps its bodies for the
 # observers: the Java producer's max.request.size is 1 MiB by default and a consumer's
-# fetch answers are a few MiB (max.partition.fetch.bytes, 1 MiB per partition); a 96 MiB
-# Produce (the frame limit is 100 MiB) is held at 64 KiB instead.
+# fetch answers are a few MiB (max.partition.fetch.bytes, 1 MiB per partition). A 96 MiB
+# Produce (the frame limit is 100 MiB) then costs its header (tens of bytes), not 96 MiB.
 STREAM_FRAME_BYTES = 16 * 1024 * 1024
 # A streamed request's header (client_id, and a Produce's transactional_id and acks: two
 # strings of at most 32 KiB) must end within this many bytes; one that does not (tagged
@@ -324,7 +330,7 @@ class _Framer:
     """
 
     __slots__ = ("buffer", "max_frame_size", "direction", "gather_from", "_parts", "_missing",
-                 "_gathered", "_framed", "_skipped", "_streaming", "decided")
+                 "_gathered", "_framed", "_skipped", "_streaming", "decided", "head_tried")
 
     def __init__(self, max_frame_size: int, direction: str, gather_from: int = ZERO_COPY_FRAME_BYTES):
         self.buffer = bytearray()
@@ -338,6 +344,7 @@ class _Framer:
         self._streaming = False              # that frame is streamed
         self._framed = False                 # a frame has started: the peer speaks Kafka
         self.decided = False                 # whether to stream that frame has been decided
+        self.head_tried = 0                  # its bytes when its header was last read
 
     def feed(self, data) -> list:
         """Complete frames in ``data`` (and what came before): ``bytes`` or ``memoryview``.
@@ -370,6 +377,7 @@ class _Framer:
             self._parts = None
             self._missing = self._gathered = self._skipped = 0
             self.decided = self._streaming = False
+            self.head_tried = 0
             if not data:
                 return frames
         buf = self.buffer
@@ -612,7 +620,6 @@ class Connection:
         gather_from = min(ZERO_COPY_FRAME_BYTES, stream_frame_bytes or ZERO_COPY_FRAME_BYTES)
         self._client = _Framer(max_frame_size, "client", gather_from)
         self._broker = _Framer(max_frame_size, "broker", gather_from)
-        self._client_head_tried = 0  # bytes of the client's large frame when its head was last read
         self._broker_passed = 0      # bytes of the broker's incomplete frame already forwarded
         self._broker_waiting = b""   # its first bytes, held back until the correlation id is in
         self._pending: deque[RequestReceived] = deque()
@@ -682,15 +689,13 @@ class Connection:
             framer.decided = True
             return
         have = framer.buffered - 4
-        if have < 2 * self._client_head_tried and have < STREAM_HEAD_LIMIT:
+        if have < 2 * framer.head_tried and have < STREAM_HEAD_LIMIT:
             return
-        self._client_head_tried = have
+        framer.head_tried = have
         end = _stream_head(framer.buffered_bytes(4, 4 + STREAM_HEAD_LIMIT))
         if end is not None:
-            self._client_head_tried = 0
             framer.stream(4 + end)
         elif have >= STREAM_HEAD_LIMIT:
-            self._client_head_tried = 0
             framer.decided = True            # the header runs on: keep it whole
     def _request(self, frame, now: float, streamed_size: int = 0) -> Event:
         """``streamed_size``: ``frame`` is the head of a streamed frame of that size."""
