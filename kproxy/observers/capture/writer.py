@@ -343,6 +343,10 @@ class Writer(threading.Thread):
             row["client_software_name"], row["client_software_version"] = conn.software
 
     def _pcap_frame(self, info, event, is_request: bool) -> None:
+        if event.streamed:       # passed on before this capture began: only its header was kept
+            self.pcap.frame(info, is_request, self._wall(event.time), event.frame,
+                            f"kproxy: streamed frame of {event.size} bytes, only its header kept")
+            return
         frame, note = scrub_frame(event.frame, "request" if is_request else "response",
                                   event.api_key, event.api_version, self.config.include_record_data)
         self.pcap.frame(info, is_request, self._wall(event.time), frame, note)
