@@ -115,7 +115,8 @@ def _demo_traffic(bootstrap: str, stop: threading.Event) -> None:
 async def _demo(args) -> int:
     from . import config as config_module
     from .embedded.kafka import KafkaCluster
-    from .runtime import Runtime, tune_allocator
+    from .allocator import tune_allocator
+    from .runtime import Runtime
 
     tune_allocator()
     say("starting a local Apache Kafka broker (KRaft) ...")
@@ -205,7 +206,8 @@ RUN_FLAGS = {   # flag -> (config key, help)
 
 def _run(args) -> int:
     from . import config as config_module
-    from .runtime import Runtime, tune_allocator
+    from .allocator import tune_allocator
+    from .runtime import Runtime
 
     overrides = {key: getattr(args, key) for key, _ in RUN_FLAGS.values()}
     if args.no_cap_api_versions:

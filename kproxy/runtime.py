@@ -17,7 +17,6 @@ from typing import Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .allocator import MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD, tune_allocator  # noqa: F401
 from .config import Config
 from .observers.capture import Capture
 from .observers.capture import control as capture_control

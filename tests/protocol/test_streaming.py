@@ -6,8 +6,7 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kproxy.protocol.connection import (STREAM_HEAD_LIMIT, Connection, RequestReceived,
-                                        ResponseReceived, UntrackableRequest)
+from kproxy.protocol.connection import STREAM_HEAD_LIMIT, Connection, RequestReceived, UntrackableRequest
 
 from .test_broker_model import uvarint
 from .test_connection import FakeClock, framed, produce, produce_v9, request_bytes, response_bytes

@@ -9,7 +9,7 @@ import pytest
 
 CHECK = """
 import ctypes, ctypes.util, sys
-from kproxy.runtime import tune_allocator, MALLOC_MMAP_THRESHOLD
+from kproxy.allocator import tune_allocator, MALLOC_MMAP_THRESHOLD
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
@@ -40,7 +40,7 @@ def test_frame_sized_buffers_come_from_the_heap_once_tuned(mode):
 
 
 def test_an_operators_malloc_environment_wins():
-    out = subprocess.run([sys.executable, "-c", "from kproxy.runtime import tune_allocator; "
+    out = subprocess.run([sys.executable, "-c", "from kproxy.allocator import tune_allocator; "
                           "print(tune_allocator())"], capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin", "MALLOC_MMAP_THRESHOLD_": "1048576"}).stdout
     assert out.strip() == "False"
