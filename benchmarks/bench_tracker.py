@@ -7,6 +7,13 @@ broker, so a change to it can be compared side by side with another checkout:
     python benchmarks/bench_tracker.py
     python benchmarks/bench_tracker.py --kproxy-tree before=/work/other-checkout
 
+On a loaded machine even CPU time varies by tens of percent between runs; machine
+instructions do not. ``--only CASE --runs K`` runs one case K times and nothing else,
+for an instruction count (K runs minus 0 runs, per frame)::
+
+    valgrind --tool=cachegrind --cache-sim=no python benchmarks/bench_tracker.py \
+        --only "answers 1 KiB, 64 per 64 KiB read" --runs 100
+
 Each case feeds one connection's bytes in reads of a realistic size, timeit-style
 (best of ``--repeat`` runs of at least ``--min-time`` seconds each), in CPU time
 of the process (on a shared machine, wall time mostly measures waiting for a core).
@@ -110,7 +117,14 @@ def main() -> int:
     parser.add_argument("--min-time", type=float, default=0.2)
     parser.add_argument("--turns", type=int, default=3, help="alternating turns per tree; best counts")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)   # one tree, JSON out
+    parser.add_argument("--only", metavar="CASE", help="run this case --runs times, untimed")
+    parser.add_argument("--runs", type=int, default=100)
     args = parser.parse_args()
+    if args.only:
+        frames, run = cases()[args.only]
+        for _ in range(args.runs):
+            run()
+        return 0
     if args.measure:
         print(json.dumps(measure(args.repeat, args.min_time)))
         return 0
