@@ -243,7 +243,7 @@ class Supervisor:
             if self.config.admin_listen is not None:
                 await self.admin.start(*self.config.admin_listen)
             host, port = self.config.listen
-            log.info("kproxy: %d workers serving on %s:%d (pids %s)%s", self.count, host, port,
+            log.info("%d workers serving on %s:%d (pids %s)%s", self.count, host, port,
                      ", ".join(str(w.process.pid) for w in self.workers),
                      "" if self.config.admin_listen is None
                      else " admin on %s:%d" % tuple(self.admin.server.address))

@@ -217,6 +217,7 @@ class WorkerAdmin:
         except (aiohttp.ClientError, OSError) as exc:
             return web.Response(status=502, body=f"worker {worker.index}: {exc}\n".encode(),
                                 headers={"Content-Type": "text/plain"})
+        response: web.StreamResponse | None = None
         try:
             headers = {k: v for k, v in upstream.headers.items()
                        if k.lower() in ("content-type", "cache-control", "content-disposition",
@@ -233,7 +234,9 @@ class WorkerAdmin:
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
             return response
-        except (aiohttp.ClientError, ConnectionError):
+        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
+            if response is not None:          # the viewer or the worker went away mid-answer
+                return response
             return web.Response(status=502, body=b"the worker's answer broke off\n",
                                 headers={"Content-Type": "text/plain"})
         finally:

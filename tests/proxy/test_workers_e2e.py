@@ -283,6 +283,11 @@ def test_health_readiness_and_the_live_page_name_every_worker(proxy):
     status, body = proxy.get("/live/overview")
     assert status == 200 and "worker 0 of 2" in json.loads(body)["notice"]
     assert proxy.get("/")[0] == 200                              # the page itself, passed through
+    stream = urllib.request.Request(proxy.admin + "/live/stream",
+                                    headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(stream, timeout=20) as response:  # server-sent events, passed on
+        assert response.headers["Content-Type"] == "text/event-stream"
+        assert response.readline().startswith(b"event: status")
 
 
 def test_capture_writes_per_worker_files_the_pipeline_reads_together(proxy, topic):
