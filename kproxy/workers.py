@@ -120,10 +120,14 @@ async def _serve(runtime, pipe) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    # The supervisor never writes: the pipe turns readable only when it has gone (EOF).
-    loop.add_reader(pipe.fileno(), stop.set)
+    def supervisor_gone():
+        # The supervisor never writes: the pipe turns readable only when it has gone.
+        loop.remove_reader(pipe.fileno())
+        logging.getLogger("kproxy").warning("the supervisor is gone: stopping")
+        stop.set()
+    loop.add_reader(pipe.fileno(), supervisor_gone)
     await runtime.start()
-    pipe.send(("ready", runtime.admin.address[1]))
+    pipe.send(("serving", runtime.admin.address[1]))
     try:
         await stop.wait()
         logging.getLogger("kproxy").info("stopping: draining (up to %gs for in-flight requests)",
@@ -201,7 +205,7 @@ class Supervisor:
 
     def _supervisor_metrics(self) -> bytes:
         from prometheus_client import generate_latest
-        self.metrics.workers_up.set(sum(w.state == "ready" for w in self.workers))
+        self.metrics.workers_up.set(sum(w.state == "serving" for w in self.workers))
         return generate_latest(self.metrics.registry)
 
     async def _start(self, worker: _Worker) -> str | None:
@@ -223,10 +227,10 @@ class Supervisor:
         except (EOFError, OSError):                      # died before a word (a crash, a kill)
             await asyncio.to_thread(process.join)
             return _exit_reason(process, None)
-        if kind != "ready":
+        if kind != "serving":
             await asyncio.to_thread(process.join)
             return _exit_reason(process, detail)
-        worker.admin_port, worker.state = detail, "ready"
+        worker.admin_port, worker.state = detail, "serving"
         return None
 
     async def run(self) -> int:

@@ -47,7 +47,7 @@ _JSON = "application/json"
 class WorkerView:
     """What the supervisor knows of one worker, for the admin answers."""
     index: int
-    state: str                 # "starting", "ready" (serving), "restarting", "stopped"
+    state: str                 # "starting", "serving", "restarting", "stopped"
     pid: int | None
     admin_port: int | None     # its private admin listener, once it serves
     restarts: int = 0
@@ -102,7 +102,7 @@ class WorkerAdmin:
     # ------------------------------------------------------------ asking the workers
 
     def _serving(self) -> list[WorkerView]:
-        return [w for w in self.workers() if w.admin_port is not None and w.state == "ready"]
+        return [w for w in self.workers() if w.admin_port is not None and w.state == "serving"]
 
     async def _ask(self, worker: WorkerView, method: str, path: str,
                    body: Any = None) -> tuple[int, bytes]:
@@ -151,7 +151,7 @@ class WorkerAdmin:
         lines, healthy = [], True
         for w in workers:
             status = answers.get(w.index, (None,))[0]
-            if w.state == "ready" and status != 200:
+            if w.state == "serving" and status != 200:
                 healthy = False
                 lines.append(f"worker {w.index}: not answering (pid {w.pid})")
             else:

@@ -325,7 +325,7 @@ def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
     # Connections the kernel had queued for the dead worker die with it (as with one process);
     # once the supervisor has seen it go, every new connection reaches the other worker.
     deadline = time.monotonic() + 10
-    while proxy.workers()[1]["state"] == "ready" and time.monotonic() < deadline:
+    while proxy.workers()[1]["state"] == "serving" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proxy.workers()[1]["state"] == "restarting"
     for i in range(10):                           # the other worker serves meanwhile
@@ -334,10 +334,10 @@ def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         worker = proxy.workers()[1]
-        if worker["state"] == "ready" and worker["pid"] != victim["pid"]:
+        if worker["state"] == "serving" and worker["pid"] != victim["pid"]:
             break
         time.sleep(0.2)
-    assert worker["state"] == "ready" and worker["restarts"] == 1, worker
+    assert worker["state"] == "serving" and worker["restarts"] == 1, worker
     assert "SIGKILL" in worker["last_exit"]
     after = proxy.metrics()
     assert value(after, "kproxy_worker_restarts_total") == 1
@@ -393,3 +393,28 @@ def test_a_taken_port_stops_start_with_one_line_naming_it(kafka_cluster, node_id
     lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
     assert len(lines) == 1 and "cannot start: worker" in lines[0] \
         and "Address already in use" in lines[0], output
+
+
+def test_a_worker_that_keeps_dying_stops_everything_with_one_line(tmp_path):
+    """Three quick deaths in a row: a restart loop would only hide the cause."""
+    workers = Workers("127.0.0.1:1", [1], tmp_path)      # no broker needed to start
+    killed = set()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while workers.process.poll() is None and time.monotonic() < deadline:
+            try:
+                worker = workers.workers()[0]
+            except (OSError, ValueError):                 # the admin listener not up yet, or gone
+                worker = None
+            if worker and worker["state"] == "serving" and worker["pid"] not in killed:
+                os.kill(worker["pid"], signal.SIGKILL)
+                killed.add(worker["pid"])
+            time.sleep(0.05)
+        assert workers.process.wait(30) == 1
+    finally:
+        workers.stop()
+    assert len(killed) == 3
+    output = workers.log.read_text()
+    assert "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
+    assert len(lines) == 1 and "worker 0 died 3 times in a row" in lines[0], output
