@@ -120,6 +120,7 @@ async def _serve(runtime, pipe) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
     def supervisor_gone():
         # The supervisor never writes: the pipe turns readable only when it has gone.
         loop.remove_reader(pipe.fileno())
@@ -279,7 +280,7 @@ class Supervisor:
             lived = time.monotonic() - worker.started_at
             worker.last_exit = _exit_reason(worker.process, None)
             worker.state, worker.admin_port = "restarting", None
-            self.admin.retire(worker.index)
+            self.admin.retire(worker.index, worker.process.pid)
             if lived < MIN_UPTIME_S:
                 worker.quick_deaths += 1
                 delay = min(delay * 2, MAX_RESTART_DELAY_S)
@@ -326,6 +327,7 @@ class Supervisor:
             worker.state = "stopped"
             if worker.pipe is not None:
                 worker.pipe.close()
+        log.info("workers stopped")
 
 
 def run(config: Config) -> int:

@@ -46,8 +46,8 @@ def samples(text: bytes) -> dict[tuple, float]:
 
 def test_merge_sums_counts_takes_the_highest_of_facts_and_keeps_process_series_per_worker():
     merged = samples(ExpositionMerger().merge({
-        0: exposition(5, 3, 5, 0.004, 2, 1, 1.5),
-        1: exposition(7, 1, 7, 0.020, 3, 1, 2.5)}))
+        (0, 100): exposition(5, 3, 5, 0.004, 2, 1, 1.5),
+        (1, 101): exposition(7, 1, 7, 0.020, 3, 1, 2.5)}))
     produce = (("api", "Produce"),)
     assert merged[("kproxy_requests_total", produce)] == 12
     assert merged[("kproxy_requests_total", (("api", "Fetch"),))] == 2
@@ -65,10 +65,12 @@ def test_merge_sums_counts_takes_the_highest_of_facts_and_keeps_process_series_p
 
 def test_a_replaced_worker_keeps_what_it_counted_so_sums_never_go_back():
     merger = ExpositionMerger()
-    merger.merge({0: exposition(5, 3, 5, 0.5, 2, 0, 1.0), 1: exposition(7, 1, 7, 0.5, 3, 0, 1.0)})
-    merger.retire(1)                          # worker 1 died; its successor starts from zero
-    merged = samples(merger.merge({0: exposition(6, 3, 6, 0.5, 2, 0, 1.0),
-                                   1: exposition(1, 1, 1, 0.1, 1, 0, 0.1)}))
+    old = exposition(7, 1, 7, 0.5, 3, 0, 1.0)
+    merger.merge({(0, 100): exposition(5, 3, 5, 0.5, 2, 0, 1.0), (1, 101): old})
+    merger.retire((1, 101))                   # worker 1 died; its successor starts from zero
+    merged = samples(merger.merge({(0, 100): exposition(6, 3, 6, 0.5, 2, 0, 1.0),
+                                   (1, 102): exposition(1, 1, 1, 0.1, 1, 0, 0.1),
+                                   (1, 101): old}))      # a scrape in flight at the death: ignored
     assert merged[("kproxy_requests_total", (("api", "Produce"),))] == 6 + 7 + 1
     assert merged[("kproxy_request_latency_seconds_count", (("api", "Produce"),))] == 6 + 7 + 1
     assert merged[("kproxy_connections_open", (("listener", "bootstrap"),))] == 2 + 1   # gauges: now only
@@ -80,7 +82,7 @@ def test_a_real_exposition_merges_into_valid_text():
     from prometheus_client import generate_latest
     from kproxy.observers.metrics import Metrics
     text = generate_latest(Metrics().registry).decode()
-    one, two = samples(text.encode()), samples(ExpositionMerger().merge({0: text, 1: text}))
+    one, two = samples(text.encode()), samples(ExpositionMerger().merge({(0, 1): text, (1, 2): text}))
     assert two[("kproxy_requests_total", (("api", "Produce"),))] == 2 * one[("kproxy_requests_total", (("api", "Produce"),))]
     assert len(two) > len(one)                # process_* and python_* series once per worker
 

@@ -1077,19 +1077,22 @@ class ExpositionMerger:
         self._lock = threading.Lock()         # merge runs off the event loop; retire on it
         # Counted by workers that have since been replaced: (family, sample, labels) -> value.
         self._retired: dict[tuple, float] = {}
-        self._last: dict[int, list] = {}      # worker -> its last parsed families
+        self._last: dict[tuple[int, int], list] = {}      # worker -> its last parsed families
+        self._gone: set[tuple[int, int]] = set()          # retired workers: late answers are ignored
 
     @staticmethod
     def parse(text: str) -> list:
         from prometheus_client.parser import text_string_to_metric_families
         return list(text_string_to_metric_families(text))
 
-    def retire(self, worker: int) -> None:
-        """``worker`` was replaced by a fresh process: keep what it counted, as of its last scrape."""
+    def retire(self, worker: tuple[int, int]) -> None:
+        """``worker`` (index, pid) was replaced by a fresh process: keep what it counted, as of its
+        last scrape; an answer of it that a scrape in flight still brings is ignored."""
         with self._lock:
             self._retire(worker)
 
-    def _retire(self, worker: int) -> None:
+    def _retire(self, worker: tuple[int, int]) -> None:
+        self._gone.add(worker)
         for family in self._last.pop(worker, []):
             if _merge_kind(family) != "count":
                 continue
@@ -1097,17 +1100,19 @@ class ExpositionMerger:
                 key = (family.name, s.name, tuple(sorted(s.labels.items())))
                 self._retired[key] = self._retired.get(key, 0.0) + s.value
 
-    def merge(self, expositions: dict[int, str]) -> bytes:
-        """worker index -> its exposition text (Prometheus text format) -> the merged text."""
+    def merge(self, expositions: dict[tuple[int, int], str]) -> bytes:
+        """worker (index, pid) -> its exposition text (Prometheus text format) -> the merged text."""
         with self._lock:
             return self._merge(expositions)
 
-    def _merge(self, expositions: dict[int, str]) -> bytes:
+    def _merge(self, expositions: dict[tuple[int, int], str]) -> bytes:
         from prometheus_client.core import Metric
         from prometheus_client.exposition import generate_latest
         families: dict[str, Metric] = {}
         values: dict[str, dict[tuple, list]] = {}    # family -> (sample, labels) -> [labels, value]
         for worker, text in sorted(expositions.items()):
+            if worker in self._gone:
+                continue
             parsed = self.parse(text)
             self._last[worker] = parsed
             for family in parsed:
@@ -1121,7 +1126,7 @@ class ExpositionMerger:
                 for s in family.samples:
                     labels = dict(s.labels)
                     if kind == "per_worker":
-                        labels[WORKER_LABEL] = str(worker)
+                        labels[WORKER_LABEL] = str(worker[0])
                     key = (s.name, tuple(sorted(labels.items())))
                     entry = series.get(key)
                     if entry is None:

@@ -69,7 +69,7 @@ class WorkerAdmin:
         self.extra_metrics = extra_metrics
         self.scrape_failed = scrape_failed
         self.merger = ExpositionMerger()
-        self._expositions: dict[int, str] = {}        # worker -> its last answer to /metrics
+        self._expositions: dict[tuple[int, int], str] = {}   # (index, pid) -> its last /metrics
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scrape = SharedRender(self._render)
@@ -94,10 +94,10 @@ class WorkerAdmin:
         if self._session is not None:
             await self._session.close()
 
-    def retire(self, index: int) -> None:
-        """Worker ``index`` is being replaced: what it counted stays in the sums."""
-        self._expositions.pop(index, None)
-        self.merger.retire(index)
+    def retire(self, index: int, pid: int) -> None:
+        """Worker ``index`` (process ``pid``) is being replaced: what it counted stays in the sums."""
+        self._expositions.pop((index, pid), None)
+        self.merger.retire((index, pid))
 
     # ------------------------------------------------------------ asking the workers
 
@@ -123,10 +123,10 @@ class WorkerAdmin:
 
     # ------------------------------------------------------------ /metrics
 
-    async def _gather_expositions(self) -> dict[int, str]:
+    async def _gather_expositions(self) -> dict[tuple[int, int], str]:
         for worker, (status, body) in await self._ask_all("GET", "/metrics"):
             if status == 200:
-                self._expositions[worker.index] = body.decode("utf-8", "replace")
+                self._expositions[(worker.index, worker.pid)] = body.decode("utf-8", "replace")
             else:
                 self.scrape_failed()
         return dict(self._expositions)
