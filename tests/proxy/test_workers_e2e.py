@@ -316,6 +316,10 @@ def test_capture_writes_per_worker_files_the_pipeline_reads_together(proxy, topi
         ids = {r["connection_id"] for r in pq.read_table(f).to_pylist()}
         assert ids and all(i % 2 == (worker + 1) % 2 for i in ids), (f, ids)
     assert len({r["connection_id"] for r in produced}) == SPREAD_CONNECTIONS
+    # `kproxy capture stats DIR` reads every worker's files as one capture.
+    from kproxy.observers.capture.cli import compute_stats, read_rows
+    summary = compute_stats(read_rows(str(directory), None), 10)
+    assert summary["apis"]["Produce"]["pairs"] == summary["connections"] == SPREAD_CONNECTIONS
 
 
 def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
