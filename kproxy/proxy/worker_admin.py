@@ -40,6 +40,9 @@ log = logging.getLogger("kproxy.workers")
 # A worker's admin listener answers from its own event loop; one busy relaying still answers
 # in milliseconds, so a worker silent this long is hung (or gone) for this answer.
 WORKER_ANSWER_TIMEOUT_S = 5.0
+# Capture start and stop wait for files to open or to be flushed and closed (a worker's
+# stop gives its writer up to 30 s): their answers get this long.
+CAPTURE_ANSWER_TIMEOUT_S = 40.0
 _JSON = "application/json"
 
 
@@ -108,9 +111,11 @@ class WorkerAdmin:
                    body: Any = None) -> tuple[int, bytes]:
         """(status, body) of one worker's answer; (0, why) when it gave none."""
         url = f"http://127.0.0.1:{worker.admin_port}{path}"
+        timeout = aiohttp.ClientTimeout(total=CAPTURE_ANSWER_TIMEOUT_S if path.startswith("/capture/")
+                                        else WORKER_ANSWER_TIMEOUT_S)
         try:
-            async with self._session.request(method, url, headers=self._auth,
-                                             json=body) as response:
+            async with self._session.request(method, url, headers=self._auth, json=body,
+                                             timeout=timeout) as response:
                 return response.status, await response.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             return 0, f"no answer ({type(exc).__name__})".encode()
@@ -132,7 +137,7 @@ class WorkerAdmin:
         return dict(self._expositions)
 
     def _render(self) -> bytes:
-        """In a worker thread (``SharedRender``): ask on the loop, merge here."""
+        """In a thread of the supervisor (``SharedRender``): ask on the loop, merge here."""
         expositions = asyncio.run_coroutine_threadsafe(self._gather_expositions(), self._loop).result()
         return self.merger.merge(expositions) + self.extra_metrics()
 
