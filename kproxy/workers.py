@@ -160,16 +160,14 @@ class _Worker:
                           self.admin_port, self.restarts, self.last_exit)
 
 
-def _exit_reason(process, message: str | None) -> str:
+def _exit_reason(process) -> str:
     code = process.exitcode
-    if code is not None and code < 0:
-        try:
-            how = f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"killed by signal {-code}"
-    else:
-        how = f"exit code {code}"
-    return f"{message} ({how})" if message else how
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 async def _readable(fd: int, timeout: float | None = None) -> bool:
@@ -227,10 +225,10 @@ class Supervisor:
             kind, detail = receive.recv()
         except (EOFError, OSError):                      # died before a word (a crash, a kill)
             await asyncio.to_thread(process.join)
-            return _exit_reason(process, None)
+            return _exit_reason(process)
         if kind != "serving":
             await asyncio.to_thread(process.join)
-            return _exit_reason(process, detail)
+            return detail                                # the worker's own one line
         worker.admin_port, worker.state = detail, "serving"
         return None
 
@@ -278,7 +276,7 @@ class Supervisor:
                 return
             await asyncio.to_thread(worker.process.join)
             lived = time.monotonic() - worker.started_at
-            worker.last_exit = _exit_reason(worker.process, None)
+            worker.last_exit = _exit_reason(worker.process)
             worker.state, worker.admin_port = "restarting", None
             self.admin.retire(worker.index, worker.process.pid)
             if lived < MIN_UPTIME_S:
