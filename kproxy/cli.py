@@ -200,6 +200,7 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--shutdown-timeout": ("shutdown_timeout", "seconds in-flight requests get on SIGTERM"),
     "--log-level": ("log_level", "DEBUG, INFO, WARNING or ERROR"),
     "--instance-name": ("instance_name", "this kproxy's name in capture rows (default: host name)"),
+    "--workers": ("workers", "worker processes sharing the listener ports (default 1: one process)"),
 }
 
 
@@ -216,6 +217,9 @@ def _run(args) -> int:
         print(f"kproxy: config error: {exc}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(config.log_level.upper())
+    if config.workers > 1:
+        from . import workers
+        return workers.run(config)
     tune_allocator()
     runtime = Runtime(config)
     try:

@@ -497,6 +497,8 @@ class Proxy:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.config.workers > 1:      # the kernel spreads connections among the workers
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, port))
             sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
