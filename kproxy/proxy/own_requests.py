@@ -127,13 +127,21 @@ class OwnRequests:
         """Whether a broker answers (for /readyz): an ApiVersions round trip to the first
         upstream that answers. Probes share one check at a time, and its result for
         ``READINESS_CACHE_S``: a probe storm costs the brokers nothing extra."""
-        now = time.monotonic()
-        if self._readiness is not None and now - self._readiness[0] < READINESS_CACHE_S:
-            return self._readiness[1]
+        cached = self.cached_readiness()
+        if cached is not None:
+            return cached
         if self._readiness_check is None or self._readiness_check.done():
             self._readiness_check = asyncio.ensure_future(self._check_upstreams())
         # Shielded: a probe that gives up does not cancel the check the others await.
         return await asyncio.shield(self._readiness_check)
+
+    def cached_readiness(self) -> tuple[bool, str] | None:
+        """The last check's result while it is fresh, else None (safe from any thread:
+        the probe listener's answers it without waiting for the event loop)."""
+        readiness = self._readiness               # one read: a (when, result) tuple
+        if readiness is not None and time.monotonic() - readiness[0] < READINESS_CACHE_S:
+            return readiness[1]
+        return None
 
     async def _check_upstreams(self) -> tuple[bool, str]:
         errors = []
