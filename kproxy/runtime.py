@@ -198,11 +198,6 @@ class Runtime:
             await self.admin.start(*self.config.admin_listen)
         if self.probes is not None:
             await asyncio.to_thread(self.probes.start, *self.config.probe_listen)
-        # What exists now (modules, the Kafka schema tables: ~46,000 objects) lives as long
-        # as the process. Frozen, a full garbage collection no longer walks it each time
-        # (20 ms a pass, measured), and a collection holds the interpreter lock, which the
-        # event loop and the probe thread both wait for.
-        gc.freeze()
 
     async def stop(self) -> None:
         await self.proxy.stop()
@@ -221,6 +216,13 @@ class Runtime:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.start()
+        # What exists now (modules, the Kafka schema tables: ~46,000 objects) lives as long
+        # as the process. Frozen, a full garbage collection no longer walks it each time
+        # (20 ms a pass, measured), and a collection holds the interpreter lock, which the
+        # event loop and the probe thread both wait for. Here, not in start(): a process
+        # that starts many runtimes (the tests) would freeze each one's leftovers.
+        gc.collect()
+        gc.freeze()
         try:
             await stop.wait()
             log.info("signal received: shutting down (up to %gs for in-flight requests)",
