@@ -44,8 +44,10 @@ LOOP_STALL_LIMIT_S = 5.0
 READY_WAIT_S = 2.5
 # How long a thread that wants the interpreter lock waits before the running one must
 # hand it over (Python's default: 5 ms). A probe needs the lock several times (accept,
-# read, answer, close); behind a busy event loop 5 ms each added 10-20 ms to a probe's
-# median. Set while the probe listener runs; with no other thread waiting it costs nothing.
+# read, answer, close): during a scrape storm the probe port's median was 7-10 ms at 5 ms,
+# 4-6 ms at this (benchmarks/bench_admin.py). Set while the probe listener runs. With no
+# other thread waiting it costs nothing; between the loop and the render or capture
+# threads it only makes their turns shorter, not their shares different.
 PROBE_SWITCH_INTERVAL_S = 0.0005
 # The probe listener's thread binds within this at start, or kproxy does not start.
 START_TIMEOUT_S = 10.0
