@@ -86,6 +86,10 @@ class Config:
     upstreams: tuple[HostPort, ...]
     listen: HostPort = ("127.0.0.1", 9092)
     admin_listen: HostPort | None = ("127.0.0.1", 9644)
+    # /healthz and /readyz only, answered from a thread of their own so that neither a
+    # scrape storm on the admin port nor a busy event loop delays them (see proxy/probes.py).
+    # Off unless set; the deploy files set 0.0.0.0:9645 and point the probes at it.
+    probe_listen: HostPort | None = None
     mode: str = "gateway"
     # Host clients use to reach kproxy; gateway default: the listen host.
     advertised_host: str | None = None
@@ -167,7 +171,7 @@ _SCALARS: dict[str, type] = {
     "capture_root": str, "capture_allow_record_data": bool, "admin_token_file": str,
     "admin_token": str, "workers": int,
 }
-_KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "broker_port_map",
+_KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "probe_listen", "broker_port_map",
                           "tls_server", "tls_client", "capture"}
 
 
@@ -329,10 +333,11 @@ def build(*layers: Mapping[str, Any]) -> Config:
     values: dict[str, Any] = {"upstreams": tuple(parse_host_port(u, "upstream") for u in upstream)}
     if "listen" in raw:
         values["listen"] = parse_host_port(raw.pop("listen"), "listen")
-    if "admin_listen" in raw:
-        admin = raw.pop("admin_listen")
-        values["admin_listen"] = None if str(admin).lower() in ("", "none", "off") \
-            else parse_host_port(admin, "admin_listen")
+    for key in ("admin_listen", "probe_listen"):          # 'off' (or empty) disables either
+        if key in raw:
+            address = raw.pop(key)
+            values[key] = None if str(address).lower() in ("", "none", "off") \
+                else parse_host_port(address, key)
     if "broker_port_map" in raw:
         mapping = raw.pop("broker_port_map")
         if isinstance(mapping, str):      # "1=9101,2=9102" from env or flags
