@@ -46,6 +46,7 @@ from typing import Any, Mapping
 
 from .config import Config
 from .proxy.log_budget import LogBudget
+from .proxy.probes import READY_WAIT_S, ProbeListener, on_loop
 from .proxy.worker_admin import WorkerAdmin, WorkerView
 
 log = logging.getLogger("kproxy.workers")
@@ -93,6 +94,8 @@ def worker_config(config: Config, index: int, token: str) -> Config:
     if config.capture is not None:
         capture = capture_settings(config.capture, None, index, config.workers)
     return dataclasses.replace(config, admin_listen=("127.0.0.1", 0), admin_token=token,
+                               probe_listen=None,          # the supervisor answers probes
+
                                max_connections=config.max_connections // config.workers,
                                capture=capture)
 
@@ -201,6 +204,21 @@ class Supervisor:
             admin_token=config.admin_token, protected=CAPTURE_ROUTES, protected_prefixes=(LIVE_PREFIX,),
             capture_settings=lambda body, index: capture_settings(body, config.capture, index, self.count),
             extra_metrics=self._supervisor_metrics, scrape_failed=self.metrics.scrape_failures.inc)
+        # The probe port is the supervisor's (one port, however many workers): its thread
+        # asks the supervisor's loop, which asks every worker (their /healthz includes their
+        # own event loop's heartbeat). The supervisor's loop relays nothing, so it answers fast.
+        self.probes = ProbeListener({"/healthz": self._probe(self.admin.healthz),
+                                     "/readyz": self._probe(self.admin.readyz)}) \
+            if config.probe_listen is not None else None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _probe(self, handler):
+        async def answer():
+            try:
+                return await on_loop(self._loop, handler, READY_WAIT_S)
+            except asyncio.TimeoutError:
+                return 503, "text/plain", f"the workers did not answer within {READY_WAIT_S:g}s\n".encode()
+        return answer
 
     def _supervisor_metrics(self) -> bytes:
         from prometheus_client import generate_latest
@@ -233,7 +251,7 @@ class Supervisor:
         return None
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         watchers: list[asyncio.Task] = []
@@ -245,6 +263,8 @@ class Supervisor:
                 raise GiveUp(f"cannot start: worker {worker.index}: {why}")
             if self.config.admin_listen is not None:
                 await self.admin.start(*self.config.admin_listen)
+            if self.probes is not None:
+                await asyncio.to_thread(self.probes.start, *self.config.probe_listen)
             host, port = self.config.listen
             log.info("%d workers serving on %s:%d (pids %s)%s", self.count, host, port,
                      ", ".join(str(w.process.pid) for w in self.workers),
@@ -266,6 +286,8 @@ class Supervisor:
                 task.cancel()
             await self._stop_workers()
             await self.admin.stop()
+            if self.probes is not None:
+                await asyncio.to_thread(self.probes.stop)
 
     async def _watch(self, worker: _Worker) -> None:
         """Keep ``worker`` running; raises GiveUp when it keeps dying at start."""

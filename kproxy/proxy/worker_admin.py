@@ -78,7 +78,7 @@ class WorkerAdmin:
         self.scrape = SharedRender(self._render)
         proxy = self._pass_through
         self.server = AdminServer({
-            "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
+            "/healthz": self.healthz, "/readyz": self.readyz, "/metrics": self._metrics,
             "/workers": self._workers,
             "/capture": self._capture_status,
             "/capture/start": {"POST": self._capture_start},
@@ -150,7 +150,7 @@ class WorkerAdmin:
 
     # ------------------------------------------------------------ health, readiness, state
 
-    async def _healthz(self):
+    async def healthz(self):
         workers = self.workers()
         answers = dict((w.index, a) for w, a in await self._ask_all("GET", "/healthz"))
         lines, healthy = [], True
@@ -163,7 +163,7 @@ class WorkerAdmin:
                 lines.append(f"worker {w.index}: {'ok' if status == 200 else w.state}")
         return (200 if healthy else 503), "text/plain", ("\n".join(lines) + "\n").encode()
 
-    async def _readyz(self):
+    async def readyz(self):
         workers = self.workers()
         answers = dict((w.index, a) for w, a in await self._ask_all("GET", "/readyz"))
         lines, ready = [], True

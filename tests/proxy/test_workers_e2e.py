@@ -42,11 +42,12 @@ class Workers:
 
     def __init__(self, upstream: str, node_ids: list[int], tmp: Path, workers: int = 2,
                  listen_port: int | None = None, extra: tuple[str, ...] = ()):
-        ports = free_ports(2 + len(node_ids))
+        ports = free_ports(3 + len(node_ids))
         self.listen_port = listen_port or ports[0]
         self.admin = f"http://127.0.0.1:{ports[1]}"
+        self.probes = f"http://127.0.0.1:{ports[-1]}"
         self.capture_root = tmp / "captures"
-        port_map = ",".join(f"{node}={port}" for node, port in zip(node_ids, ports[2:]))
+        port_map = ",".join(f"{node}={port}" for node, port in zip(node_ids, ports[2:-1]))
         self.log = tmp / f"kproxy-{uuid.uuid4().hex[:6]}.log"
         env = {**os.environ, "KPROXY_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
         with open(self.log, "wb") as log:
@@ -54,7 +55,7 @@ class Workers:
                 [sys.executable, "-m", "kproxy", "run", "--workers", str(workers), "--upstream", upstream,
                  "--listen", f"127.0.0.1:{self.listen_port}", "--admin-listen", self.admin[7:],
                  "--broker-port-rule", "map", "--broker-port-map", port_map,
-                 "--shutdown-timeout", "10", *extra],
+                 "--probe-listen", self.probes[7:], "--shutdown-timeout", "10", *extra],
                 env={**env, "KPROXY_CAPTURE_ROOT": str(self.capture_root)}, cwd=REPO,
                 stdout=log, stderr=subprocess.STDOUT)
 
@@ -279,6 +280,9 @@ def test_health_readiness_and_the_live_page_name_every_worker(proxy):
     status, body = proxy.get("/readyz")
     assert status == 200 and b"worker 0:" in body and b"worker 1:" in body
     assert proxy.get("/healthz")[0] == 200
+    for path in ("/readyz", "/healthz"):       # the probe port is the supervisor's alone
+        status, body = proxy.get(path, token=None, base=proxy.probes)
+        assert status == 200 and b"worker 0:" in body and b"worker 1:" in body, body
     assert proxy.get("/live/overview", token=None)[0] == 401
     status, body = proxy.get("/live/overview")
     assert status == 200 and "worker 0 of 2" in json.loads(body)["notice"]
