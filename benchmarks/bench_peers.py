@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_proxy import ProxyProcess, consume, free_port, produce  # noqa: E402
+from benchmarks.bench_proxy import ProxyProcess, consume, free_port, produce, stop_process  # noqa: E402
 from kproxy.embedded import recv_exactly  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -104,16 +104,6 @@ def start_serving(argv: list[str], address: str, what: str, **popen) -> subproce
         stop_process(process)
         raise
     return process
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class KproxyPath:
