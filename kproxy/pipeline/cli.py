@@ -166,6 +166,10 @@ def _pass_on_stderr(read_end: int, out: int) -> None:
                 sink.write(line)
 
 
+def _not_from_py4j(record) -> bool:
+    return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
 def run(args, master: str | None) -> int:
     try:
         from pyspark.errors import StreamingQueryException
@@ -178,6 +182,9 @@ def run(args, master: str | None) -> int:
     from .source import InputError, resolve_inputs
     import logging
     logging.getLogger("py4j").setLevel(logging.WARNING)     # its INFO lines say nothing to a user
+    # py4j also logs on the root logger, with a traceback, each call that a Ctrl-C or the
+    # JVM's exit broke; the caller gets that failure as an exception, so these only repeat it.
+    logging.getLogger().addFilter(_not_from_py4j)
     try:
         options = Options(window_seconds=parse_window(args.window), top=args.top, fmt=args.format,
                           since=parse_time(args.since, "--since") if args.since else None,
@@ -206,6 +213,9 @@ def run(args, master: str | None) -> int:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"kproxy analyze: error: {first}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("kproxy analyze: interrupted", file=sys.stderr)
+        return 130
     print(f"tables   {os.path.join(result.out, 'tables')}/ ({len(result.tables)})")
     print(f"summary  {os.path.join(result.out, 'summary.json')}")
     if result.report:
