@@ -29,7 +29,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks.bench_proxy import free_port  # noqa: E402
+from benchmarks.bench_proxy import free_port, stop_process  # noqa: E402
 
 PROBE_INTERVAL_S = 0.05
 PROBE_TIMEOUT_S = 30.0
@@ -83,12 +82,7 @@ class Kproxy:
         raise RuntimeError("kproxy did not start")
 
     def __exit__(self, *exc):
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
 
 
 async def get(port: int, path: str) -> int:

@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import socket
 import statistics
 import subprocess
@@ -43,6 +42,17 @@ CONSUME_BATCH = 10_000
 SLOW_DISK_DELAY_S = 0.02
 
 
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM (a clean shutdown), then SIGKILL if it has not exited after STOP_GRACE_S."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,6 +61,9 @@ def free_port() -> int:
 
 # How long kproxy may take to answer /readyz after it was launched (imports included).
 PROXY_START_TIMEOUT_S = 30.0
+# A proxy or peer given SIGTERM drains its connections first; one still running after
+# this is hung, and is killed so a benchmark run never leaves it behind.
+STOP_GRACE_S = 30.0
 
 
 class ProxyProcess:
@@ -101,13 +114,8 @@ class ProxyProcess:
             time.sleep(0.1)
 
     def __exit__(self, *exc):
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop_process(self.process)
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict | str]:
         data = json.dumps(body).encode() if body is not None else None
