@@ -36,7 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_proxy import ProxyProcess, consume, free_port, produce  # noqa: E402
+from benchmarks.bench_proxy import ProxyProcess, consume, free_port, produce, stop_process  # noqa: E402
+from kproxy.embedded import recv_exactly  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PEERS = HERE.parent.parent / "shared" / "peers"
@@ -76,19 +77,9 @@ def api_versions_round_trip(address: str, timeout: float = 5.0) -> socket.socket
     client_id = b"bench"
     body = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id
     sock.sendall(struct.pack(">i", len(body)) + body)
-    header = _recv_exactly(sock, 4)
-    _recv_exactly(sock, struct.unpack(">i", header)[0])
+    header = recv_exactly(sock, 4)
+    recv_exactly(sock, struct.unpack(">i", header)[0])
     return sock
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return bytes(data)
 
 
 def wait_until_serving(address: str, process: subprocess.Popen, what: str) -> None:
@@ -104,14 +95,15 @@ def wait_until_serving(address: str, process: subprocess.Popen, what: str) -> No
         time.sleep(0.2)
 
 
-def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def start_serving(argv: list[str], address: str, what: str, **popen) -> subprocess.Popen:
+    """Start a peer and wait until it answers ApiVersions at address; stopped again if it does not."""
+    process = subprocess.Popen(argv, **popen)
+    try:
+        wait_until_serving(address, process, what)
+    except RuntimeError:
+        stop_process(process)
+        raise
+    return process
 
 
 class KproxyPath:
@@ -151,13 +143,9 @@ class KafkaProxyPath:
                           "--proxy-response-buffer-size", str(buffer_bytes)]
 
     def __enter__(self):
-        self.process = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = start_serving(self.argv, self.bootstrap, self.label,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.pid = self.process.pid
-        try:
-            wait_until_serving(self.bootstrap, self.process, self.label)
-        except RuntimeError:
-            stop_process(self.process)
-            raise
         return self
 
     def __exit__(self, *exc):
@@ -201,13 +189,9 @@ virtualClusters:
     logFrames: false
 """)
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(self.argv, cwd=self.home, stdout=log, stderr=subprocess.STDOUT)
+            self.process = start_serving(self.argv, self.bootstrap, self.label,
+                                         cwd=self.home, stdout=log, stderr=subprocess.STDOUT)
         self.pid = self.process.pid
-        try:
-            wait_until_serving(self.bootstrap, self.process, self.label)
-        except RuntimeError:
-            stop_process(self.process)
-            raise
         return self
 
     def __exit__(self, *exc):

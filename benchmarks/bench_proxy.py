@@ -9,6 +9,8 @@ absolute MB/s say more about the machine than about kproxy; the ratio
     python benchmarks/bench_proxy.py --broker tansu   # Tansu (its in-memory engine stalled
                                                       # consumers at ~15k records here)
     python benchmarks/bench_proxy.py --records 200000 --size 1024 --json
+    python benchmarks/bench_proxy.py --workers        # kproxy run --workers 2 vs 1 worker,
+                                                      # 4 parallel client processes
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import socket
 import statistics
 import subprocess
@@ -41,6 +42,17 @@ CONSUME_BATCH = 10_000
 SLOW_DISK_DELAY_S = 0.02
 
 
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM (a clean shutdown), then SIGKILL if it has not exited after STOP_GRACE_S."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -49,6 +61,9 @@ def free_port() -> int:
 
 # How long kproxy may take to answer /readyz after it was launched (imports included).
 PROXY_START_TIMEOUT_S = 30.0
+# A proxy or peer given SIGTERM drains its connections first; one still running after
+# this is hung, and is killed so a benchmark run never leaves it behind.
+STOP_GRACE_S = 30.0
 
 
 class ProxyProcess:
@@ -60,7 +75,8 @@ class ProxyProcess:
     Capture is controlled over the admin listener, as an operator would.
     """
 
-    def __init__(self, upstream: str, slow_disk_s: float = 0.0, without_live_view: bool = False):
+    def __init__(self, upstream: str, slow_disk_s: float = 0.0, without_live_view: bool = False,
+                 workers: int = 1, node_ids: tuple[int, ...] = ()):
         port = free_port()
         self.bootstrap = f"127.0.0.1:{port}"
         self.admin = f"127.0.0.1:{free_port()}"
@@ -71,8 +87,12 @@ class ProxyProcess:
         if without_live_view:
             self.argv += ["--without-live-view"]
         self.argv += ["run", "--upstream", upstream, "--listen", self.bootstrap,
-                      "--admin-listen", self.admin, "--broker-port-base", "0",   # 0: the OS picks (no clashes)
-                      "--log-level", "WARNING"]
+                      "--admin-listen", self.admin, "--log-level", "WARNING"]
+        if workers == 1:
+            self.argv += ["--broker-port-base", "0"]      # 0: the OS picks (no clashes)
+        else:                 # every worker binds the same ports: they must be given
+            self.argv += ["--workers", str(workers), "--broker-port-rule", "map", "--broker-port-map",
+                          ",".join(f"{node}={free_port()}" for node in node_ids)]
         self.process: subprocess.Popen | None = None
         # Capture control needs the admin token; captures go under the system's temp directory.
         self.token = secrets.token_hex(24)
@@ -94,13 +114,8 @@ class ProxyProcess:
             time.sleep(0.1)
 
     def __exit__(self, *exc):
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop_process(self.process)
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict | str]:
         data = json.dumps(body).encode() if body is not None else None
@@ -123,14 +138,17 @@ class ProxyProcess:
         return reply
 
 
-def produce(bootstrap: str, topic: str, records: int, size: int) -> float:
-    """Seconds to produce ``records`` (acks=all, after a warm-up send that connects)."""
+def produce(bootstrap: str, topic: str, records: int, size: int, before_start=None) -> float:
+    """Seconds to produce ``records`` (acks=all, after a warm-up send that connects).
+    ``before_start()``, if given, runs between the warm-up and the timed part."""
     from confluent_kafka import Producer
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1 << 20,
                          "compression.type": "none", "acks": "all"})
     producer.produce(topic, b"w")
     producer.flush(30)
     payload = b"x" * size
+    if before_start is not None:
+        before_start()
     start = time.perf_counter()
     for i in range(records):
         while True:
@@ -146,13 +164,16 @@ def produce(bootstrap: str, topic: str, records: int, size: int) -> float:
     return time.perf_counter() - start
 
 
-def consume(bootstrap: str, topic: str, records: int) -> float:
-    """Seconds from the first consumed record to the last (steady state, no connect time)."""
+def consume(bootstrap: str, topic: str, records: int, before_start=None) -> float:
+    """Seconds from the first consumed record to the last (steady state, no connect time).
+    ``before_start()``, if given, runs once the consumer is made, before it fetches."""
     from confluent_kafka import Consumer, TopicPartition
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
                          "enable.auto.commit": False, "fetch.max.bytes": 52428800,
                          "fetch.queue.backoff.ms": 10, "session.timeout.ms": 6000})
     consumer.assign([TopicPartition(topic, 0, 0)])
+    if before_start is not None:
+        before_start()
     total = records + 1                       # the warm-up record too
     got = 0
     start = None
@@ -224,6 +245,121 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
     return results
 
 
+# --workers: client processes producing (then consuming) at once, each its own topic, so
+# that there are enough connections for the kernel to spread over two workers.
+DEFAULT_PARALLEL_CLIENTS = 4
+# A client process imports confluent-kafka and connects within a second or two.
+CLIENT_START_TIMEOUT_S = 60.0
+
+
+def _timed_client(op: str, bootstrap: str, topic: str, records: int, size: int, barrier, out) -> None:
+    """One client process of a parallel round: set up, wait for the others, run, report its window."""
+    window = []
+
+    def go():
+        barrier.wait(CLIENT_START_TIMEOUT_S)
+        window.append(time.perf_counter())      # CLOCK_MONOTONIC: comparable across processes
+    if op == "produce":
+        produce(bootstrap, topic, records, size, before_start=go)
+    else:
+        consume(bootstrap, topic, records, before_start=go)
+    out.put((window[0], time.perf_counter()))
+
+
+def parallel(op: str, bootstrap: str, topics: list[str], records: int, size: int) -> float:
+    """MB/s of len(topics) clients at once (one process each, ``records`` each): all bytes
+    over the time from the first client's start to the last client's end."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(len(topics)), ctx.Queue()
+    clients = [ctx.Process(target=_timed_client, args=(op, bootstrap, topic, records, size, barrier, out))
+               for topic in topics]
+    for client in clients:
+        client.start()
+    windows = [out.get(timeout=CLIENT_START_TIMEOUT_S + CONSUME_TIMEOUT_S) for _ in clients]
+    for client in clients:
+        client.join()
+        if client.exitcode != 0:
+            raise RuntimeError(f"a {op} client failed (exit code {client.exitcode})")
+    seconds = max(end for _, end in windows) - min(start for start, _ in windows)
+    return len(topics) * records * size / 1e6 / seconds
+
+
+def proxy_cpu_seconds(proxy: "ProxyProcess") -> float:
+    """CPU seconds of every kproxy process (all workers' ``process_cpu_seconds_total`` summed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    status, text = proxy.request("GET", "/metrics")
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "process_cpu_seconds_total")
+
+
+def connections_per_worker(proxy: "ProxyProcess") -> list[float]:
+    """Client connections each worker of a ``--workers`` kproxy has accepted so far (from its
+    private admin listener, listed by the supervisor's /workers)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    counts = []
+    for worker in proxy.request("GET", "/workers")[1]["workers"]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{worker['admin_port']}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        counts.append(sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                          if s.name == "kproxy_connections_opened_total"))
+    return counts
+
+
+def run_workers(records: int, size: int, rounds: int, clients: int, warmup: int = 1) -> dict:
+    """Direct, kproxy with 1 worker and with 2, interleaved, ``clients`` parallel clients each;
+    the first ``warmup`` rounds (a cold JVM and page cache) are run but not counted."""
+    from kproxy.embedded.kafka import KafkaCluster
+    labels = ["direct", "w1", "w2"]
+    each = records // clients
+    mb = each * clients * size / 1e6
+    results: dict = {"records": each * clients, "record_bytes": size, "rounds": rounds, "clients": clients}
+    with KafkaCluster(1) as cluster, contextlib.ExitStack() as stack:
+        upstream = cluster.bootstrap_servers
+        node_ids = tuple(node.node_id for node in cluster.nodes)
+        proxies = {"w1": stack.enter_context(ProxyProcess(upstream)),
+                   "w2": stack.enter_context(ProxyProcess(upstream, workers=2, node_ids=node_ids))}
+        for round_no in range(-warmup, rounds):
+            for label in labels[round_no % 3:] + labels[:round_no % 3]:     # the order rotates
+                proxy = proxies.get(label)
+                bootstrap = proxy.bootstrap if proxy else upstream
+                topics = [f"bench-{label}-{uuid.uuid4().hex[:6]}" for _ in range(clients)]
+                cpu = proxy_cpu_seconds(proxy) if proxy else 0.0
+                for op in ("produce", "consume"):
+                    mb_s = parallel(op, bootstrap, topics, each, size)
+                    if round_no >= 0:
+                        results.setdefault(f"{label}_{op}_rounds_mb_s", []).append(mb_s)
+                if proxy and round_no >= 0:
+                    results.setdefault(f"{label}_cpu_s_per_gb_rounds", []).append(
+                        (proxy_cpu_seconds(proxy) - cpu) / (2 * mb / 1000))
+        results["w2_connections_per_worker"] = connections_per_worker(proxies["w2"])
+    for op in ("produce", "consume"):
+        for path, reference in (("w2", "w1"), ("w1", "direct"), ("w2", "direct")):
+            ratios = [a / b for a, b in zip(results[f"{path}_{op}_rounds_mb_s"],
+                                            results[f"{reference}_{op}_rounds_mb_s"])]
+            results[f"{op}_{path}_vs_{reference}"] = {
+                "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    for label in labels[1:]:
+        results[f"{label}_cpu_s_per_gb"] = statistics.median(results[f"{label}_cpu_s_per_gb_rounds"])
+    return results
+
+
+def print_workers(r: dict) -> None:
+    print(f"{r['records']} records x {r['record_bytes']} B by {r['clients']} parallel clients "
+          f"(one process and one topic each), Apache Kafka, confluent-kafka, {r['rounds']} "
+          f"interleaved rounds; ratios are per round (median, min-max)")
+    print(f"{'':10}{'direct MB/s':>13}{'1 worker':>10}{'2 workers':>11}{'2w / 1w':>20}"
+          f"{'1w / direct':>20}{'2w / direct':>20}")
+    for op in ("produce", "consume"):
+        med = {k: statistics.median(r[f"{k}_{op}_rounds_mb_s"]) for k in ("direct", "w1", "w2")}
+        cells = "".join(f"{x['median']:8.2f} ({x['min']:.2f}-{x['max']:.2f})"
+                        for x in (r[f"{op}_w2_vs_w1"], r[f"{op}_w1_vs_direct"], r[f"{op}_w2_vs_direct"]))
+        print(f"{op:10}{med['direct']:13.1f}{med['w1']:10.1f}{med['w2']:11.1f}  {cells}")
+    print(f"kproxy CPU seconds per GB relayed (median): 1 worker {r['w1_cpu_s_per_gb']:.2f}, "
+          f"2 workers {r['w2_cpu_s_per_gb']:.2f}; connections each of the 2 workers accepted: "
+          f"{', '.join(f'{n:.0f}' for n in r['w2_connections_per_worker'])}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--broker", choices=("kafka", "tansu"), default="kafka")
@@ -235,8 +371,17 @@ def main() -> int:
                              "capture default) and a writer that cannot keep up")
     parser.add_argument("--live-view", action="store_true",
                         help="also run a kproxy without the live page's observer: its cost with no page open")
+    parser.add_argument("--workers", action="store_true",
+                        help="compare kproxy run --workers 2 with 1 worker (and direct), parallel clients")
+    parser.add_argument("--clients", type=int, default=DEFAULT_PARALLEL_CLIENTS,
+                        help="--workers: client processes at once")
+    parser.add_argument("--warmup", type=int, default=1, help="--workers: rounds run first, not counted")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.workers:
+        r = run_workers(args.records, args.size, args.rounds, args.clients, args.warmup)
+        print(json.dumps(r, indent=2)) if args.json else print_workers(r)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         formats = tuple(args.capture_overload.split(",")) if args.capture_overload else ()
         r = run(args.broker, args.records, args.size, args.rounds,

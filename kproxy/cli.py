@@ -184,7 +184,9 @@ def _analyze_demo(capture_dir: str, out: str) -> int:
 RUN_FLAGS = {   # flag -> (config key, help)
     "--upstream": ("upstream", "HOST:PORT[,HOST:PORT...] of the upstream broker(s)"),
     "--listen": ("listen", "HOST:PORT for the bootstrap (gateway) or only (sidecar) listener"),
-    "--admin-listen": ("admin_listen", "HOST:PORT for /healthz, /readyz ('off' to disable)"),
+    "--admin-listen": ("admin_listen", "HOST:PORT for /metrics, /healthz, /readyz, capture ('off' to disable)"),
+    "--probe-listen": ("probe_listen", "HOST:PORT for /healthz, /readyz alone, answered from their "
+                                       "own thread (default: off)"),
     "--mode": ("mode", "gateway or sidecar"),
     "--advertised-host": ("advertised_host", "host clients use to reach kproxy (gateway)"),
     "--advertised-host-template": ("advertised_host_template", "sidecar: e.g. 'kafka-{node_id}.svc'"),
@@ -201,6 +203,7 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--shutdown-timeout": ("shutdown_timeout", "seconds in-flight requests get on SIGTERM"),
     "--log-level": ("log_level", "DEBUG, INFO, WARNING or ERROR"),
     "--instance-name": ("instance_name", "this kproxy's name in capture rows (default: host name)"),
+    "--workers": ("workers", "worker processes sharing the listener ports (default 1: one process)"),
 }
 
 
@@ -218,6 +221,9 @@ def _run(args) -> int:
         print(f"kproxy: config error: {exc}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(config.log_level.upper())
+    if config.workers > 1:
+        from . import workers
+        return workers.run(config)
     tune_allocator()
     runtime = Runtime(config)
     try:

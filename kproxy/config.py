@@ -41,6 +41,9 @@ DEFAULT_METRICS_LABEL_CAP = 100
 # The admin token guards capture control: shorter ones can be guessed (16 random
 # characters of base64 are 96 bits; `openssl rand -hex 32` gives 64 characters).
 MIN_ADMIN_TOKEN_CHARS = 16
+# Worker processes (``kproxy run --workers N``): one per core is the useful most; past this
+# a typo (1000 for 10) would fork the machine to its knees before anyone noticed.
+MAX_WORKERS = 64
 
 
 class ConfigError(ValueError):
@@ -83,6 +86,10 @@ class Config:
     upstreams: tuple[HostPort, ...]
     listen: HostPort = ("127.0.0.1", 9092)
     admin_listen: HostPort | None = ("127.0.0.1", 9644)
+    # /healthz and /readyz only, answered from a thread of their own so that neither a
+    # scrape storm on the admin port nor a busy event loop delays them (see proxy/probes.py).
+    # Off unless set; the deploy files set 0.0.0.0:9645 and point the probes at it.
+    probe_listen: HostPort | None = None
     mode: str = "gateway"
     # Host clients use to reach kproxy; gateway default: the listen host.
     advertised_host: str | None = None
@@ -118,6 +125,9 @@ class Config:
     # This kproxy's name in capture rows (proxy_instance), so captures merged from many
     # sidecars stay apart; the host name (a pod's name in Kubernetes) unless set.
     instance_name: str = field(default_factory=socket.gethostname)
+    # Worker processes sharing the listener ports (SO_REUSEPORT) behind one supervisor;
+    # 1: one process, no supervisor. max_connections and the buffer budget are divided among them.
+    workers: int = 1
     # Captures are written only under this directory, resolved once here: a directory
     # from the admin listener or the capture table must lie inside it (no '..', no
     # symbolic links below it). Default: the capture table's directory; neither set:
@@ -159,9 +169,9 @@ _SCALARS: dict[str, type] = {
     "metrics_label_cap": int, "capture_autostart": bool,
     "instance_name": str,
     "capture_root": str, "capture_allow_record_data": bool, "admin_token_file": str,
-    "admin_token": str,
+    "admin_token": str, "workers": int,
 }
-_KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "broker_port_map",
+_KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "probe_listen", "broker_port_map",
                           "tls_server", "tls_client", "capture"}
 
 
@@ -323,10 +333,11 @@ def build(*layers: Mapping[str, Any]) -> Config:
     values: dict[str, Any] = {"upstreams": tuple(parse_host_port(u, "upstream") for u in upstream)}
     if "listen" in raw:
         values["listen"] = parse_host_port(raw.pop("listen"), "listen")
-    if "admin_listen" in raw:
-        admin = raw.pop("admin_listen")
-        values["admin_listen"] = None if str(admin).lower() in ("", "none", "off") \
-            else parse_host_port(admin, "admin_listen")
+    for key in ("admin_listen", "probe_listen"):          # 'off' (or empty) disables either
+        if key in raw:
+            address = raw.pop(key)
+            values[key] = None if str(address).lower() in ("", "none", "off") \
+                else parse_host_port(address, key)
     if "broker_port_map" in raw:
         mapping = raw.pop("broker_port_map")
         if isinstance(mapping, str):      # "1=9101,2=9102" from env or flags
@@ -369,8 +380,38 @@ def _validate(c: Config) -> None:
         raise ConfigError("instance_name: must not be empty")
     if c.capture_autostart and c.capture is None:
         raise ConfigError("capture_autostart: needs a capture table (at least its directory)")
+    _validate_workers(c)
     if c.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level: must be DEBUG, INFO, WARNING or ERROR, got {c.log_level!r}")
+
+
+def _validate_workers(c: Config) -> None:
+    """Every worker binds the same ports, so they must be known before any worker starts."""
+    if not 1 <= c.workers <= MAX_WORKERS:
+        raise ConfigError(f"workers: must be 1-{MAX_WORKERS}, got {c.workers}")
+    if c.workers == 1:
+        return
+    if c.listen[1] == 0:
+        raise ConfigError("listen: with workers > 1 every worker binds the same port, so it must be "
+                          "given, not 0 (chosen by the OS)")
+    if c.routing == "ports" and c.mode == "gateway":
+        if c.port_base == 0:
+            raise ConfigError("broker_port_base: with workers > 1 every worker binds the same broker "
+                              "ports, so they must be given, not 0 (chosen by the OS)")
+        if c.broker_port_rule == "sequential":
+            raise ConfigError("broker_port_rule: 'sequential' depends on discovery order, so workers "
+                              "would disagree; use offset or map with workers > 1")
+    if c.max_connections < c.workers:
+        raise ConfigError(f"max_connections: divided among {c.workers} workers, so at least "
+                          f"{c.workers}; got {c.max_connections}")
+    if c.capture is not None:
+        from .observers.capture import CaptureConfig
+        defaults = CaptureConfig.from_dict({"directory": "checked", **c.capture})
+        share = defaults.max_total_bytes // c.workers
+        if share < defaults.rotate_bytes * len(defaults.formats):
+            raise ConfigError(f"capture.max_total_bytes: divided among {c.workers} workers, each "
+                              f"share ({share}) must be at least rotate_bytes x formats "
+                              f"({defaults.rotate_bytes * len(defaults.formats)})")
 
 
 def _validate_ports(c: Config) -> None:

@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from kproxy.embedded._support import _recv_exactly  # noqa: E402
+from kproxy.embedded import recv_exactly  # noqa: E402
 from kproxy.protocol._codec import write_uvarint  # noqa: E402
 from kproxy.protocol.connection import (MalformedFrame, RequestReceived,  # noqa: E402
                                         ResponseReceived, SaslTokenPassed)
@@ -601,8 +601,8 @@ def run_probe(broker: ProxiedBroker, scenario: Scenario) -> dict:
                      + (b"\x00" + struct.pack(">i", -1) if version >= 5 else b"")
                      + b"\x00")                                    # body tagged fields
             sock.sendall(struct.pack(">i", len(frame)) + frame)
-            size, = struct.unpack(">i", _recv_exactly(sock, 4))
-            answer = _recv_exactly(sock, size)
+            size, = struct.unpack(">i", recv_exactly(sock, 4))
+            answer = recv_exactly(sock, size)
             if struct.unpack_from(">i", answer)[0] != correlation_id:
                 raise RuntimeError(f"probe: unexpected correlation id in {answer[:8].hex()}")
     return {"library": "tools/capture_golden.py", "library_version": "1",

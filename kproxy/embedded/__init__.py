@@ -12,7 +12,7 @@ a proxy in front of it. ``python -m kproxy.embedded --help`` fetches jars and ru
 in the foreground.
 """
 
-from kproxy.embedded._support import BrokerAddress, EmbeddedBrokerError, metadata_brokers
+from kproxy.embedded._support import BrokerAddress, EmbeddedBrokerError, metadata_brokers, recv_exactly
 from kproxy.embedded.kafka import (
     KAFKA_3_TOOLS,
     KAFKA_3_VERSION,
@@ -44,6 +44,7 @@ __all__ = [
     "is_fetched",
     "metadata_brokers",
     "missing_prerequisites",
+    "recv_exactly",
     "run_tool",
     "tansu_executable",
     "tool_classes",

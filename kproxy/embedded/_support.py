@@ -89,12 +89,13 @@ def _metadata_request() -> bytes:
     return struct.pack(">i", len(body)) + body
 
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+def recv_exactly(sock: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes from ``sock``; ConnectionError if the peer closes first."""
     chunks = bytearray()
     while len(chunks) < size:
         chunk = sock.recv(size - len(chunks))
         if not chunk:
-            raise ConnectionError("broker closed the connection mid-response")
+            raise ConnectionError("peer closed the connection mid-response")
         chunks += chunk
     return bytes(chunks)
 
@@ -124,10 +125,10 @@ def metadata_brokers(host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> 
     """
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.sendall(_metadata_request())
-        (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
+        (size,) = struct.unpack(">i", recv_exactly(sock, 4))
         if not 8 <= size <= MAX_PROBE_RESPONSE_BYTES:
             raise ConnectionError(f"implausible Metadata response size {size}")
-        payload = _recv_exactly(sock, size)
+        payload = recv_exactly(sock, size)
     try:
         return _parse_brokers(payload)
     except (struct.error, UnicodeDecodeError) as exc:

@@ -1043,3 +1043,141 @@ class _BatchCollector:
                 for stem, batches_name, records_help, bytes_help, batches_help in BATCH_COUNTERS
                 for name, help_text in ((f"{stem}_records_total", records_help),
                                         (f"{stem}_bytes_total", bytes_help), (batches_name, batches_help))]
+
+
+# ---------------------------------------------------------------- several worker processes
+#
+# ``kproxy run --workers N``: each worker exports the metrics above for its own connections;
+# the supervisor's /metrics is their merge, by this one rule:
+# - counters, histograms (buckets, _sum, _count) and summaries: summed per label set;
+# - gauges: summed per label set (they count things: connections, requests in flight, lag),
+#   except ``MAX_MERGED_GAUGES``, which state a fact every worker sees alike: the highest wins;
+# - the process's own families (``PER_PROCESS_PREFIXES``: CPU, memory, file descriptors,
+#   the interpreter's GC) and any family of unknown type: one series per worker, labelled
+#   ``worker="<index>"``, never added up.
+# A worker that dies and is restarted starts from zero; what it had counted at its last scrape
+# is kept (``ExpositionMerger.retire``), so the summed counters never go backwards.
+
+MAX_MERGED_GAUGES = frozenset({
+    "kproxy_build_info",                    # 1 per version: the same in every worker
+    "kproxy_capture_active",                # 1 while capturing: every worker captures, or none
+    "kproxy_broker_listeners_unbound",      # every worker tries to bind the same ports
+    "kproxy_group_members",                 # each worker sees a group's generation whole (or less)
+})
+PER_PROCESS_PREFIXES = ("process_", "python_")
+WORKER_LABEL = "worker"
+_SUMMED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+
+
+def _merge_kind(family) -> str:
+    """'count' (summed, kept when a worker is replaced), 'sum', 'max' or 'per_worker' for
+    one metric family (the rule above)."""
+    if family.name.startswith(PER_PROCESS_PREFIXES):
+        return "per_worker"
+    if family.type in _SUMMED_TYPES:
+        return "count"
+    if family.type in ("gauge", "info", "stateset"):
+        return "max" if family.name in MAX_MERGED_GAUGES or family.type != "gauge" else "sum"
+    return "per_worker"
+
+
+class ExpositionMerger:
+    """Merges workers' text expositions into one, by the rule above (see ``merge``)."""
+
+    def __init__(self):
+        import threading
+        self._lock = threading.Lock()         # merge runs off the event loop; retire on it
+        # Counted by workers that have since been replaced: (family, sample, labels) -> value.
+        self._retired: dict[tuple, float] = {}
+        self._last: dict[tuple[int, int], list] = {}      # worker -> its last parsed families
+        self._gone: set[tuple[int, int]] = set()          # retired workers: late answers are ignored
+
+    @staticmethod
+    def parse(text: str) -> list:
+        from prometheus_client.parser import text_string_to_metric_families
+        return list(text_string_to_metric_families(text))
+
+    def retire(self, worker: tuple[int, int]) -> None:
+        """``worker`` (index, pid) was replaced by a fresh process: keep what it counted, as of its
+        last scrape; an answer of it that a scrape in flight still brings is ignored."""
+        with self._lock:
+            self._retire(worker)
+
+    def _retire(self, worker: tuple[int, int]) -> None:
+        self._gone.add(worker)
+        for family in self._last.pop(worker, []):
+            if _merge_kind(family) != "count":
+                continue
+            for s in family.samples:
+                key = (family.name, s.name, tuple(sorted(s.labels.items())))
+                self._retired[key] = self._retired.get(key, 0.0) + s.value
+
+    def merge(self, expositions: dict[tuple[int, int], str]) -> bytes:
+        """worker (index, pid) -> its exposition text (Prometheus text format) -> the merged text."""
+        with self._lock:
+            return self._merge(expositions)
+
+    def _merge(self, expositions: dict[tuple[int, int], str]) -> bytes:
+        from prometheus_client.core import Metric
+        from prometheus_client.exposition import generate_latest
+        families: dict[str, Metric] = {}
+        values: dict[str, dict[tuple, list]] = {}    # family -> (sample, labels) -> [labels, value]
+        for worker, text in sorted(expositions.items()):
+            if worker in self._gone:
+                continue
+            parsed = self.parse(text)
+            self._last[worker] = parsed
+            for family in parsed:
+                kind = _merge_kind(family)
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(family.name, family.documentation,
+                                                            family.type, family.unit)
+                    values[family.name] = {}
+                series = values[family.name]
+                for s in family.samples:
+                    labels = dict(s.labels)
+                    if kind == "per_worker":
+                        labels[WORKER_LABEL] = str(worker[0])
+                    key = (s.name, tuple(sorted(labels.items())))
+                    entry = series.get(key)
+                    if entry is None:
+                        series[key] = [labels, s.value]
+                    elif kind == "max":
+                        entry[1] = max(entry[1], s.value)
+                    else:
+                        entry[1] += s.value
+        for (name, sample, labels), value in self._retired.items():
+            series = values.get(name)
+            if series is None:                   # no live worker exports it now: still counted
+                continue
+            key = (sample, labels)
+            if key in series:
+                series[key][1] += value
+            else:
+                series[key] = [dict(labels), value]
+        for name, family in families.items():
+            for (sample, _), (labels, value) in values[name].items():
+                family.add_sample(sample, labels, value)
+
+        class _Merged:
+            def collect(self):
+                return list(families.values())
+        return generate_latest(_Merged())
+
+
+class SupervisorMetrics:
+    """The supervisor's own series, added to the merged exposition of its workers."""
+
+    def __init__(self, workers: int):
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        Gauge("kproxy_workers", "Worker processes configured (kproxy run --workers)",
+              registry=r).set(workers)
+        self.workers_up = Gauge("kproxy_workers_up", "Worker processes running and answering now",
+                                registry=r)
+        self.restarts = Counter("kproxy_worker_restarts_total",
+                                "Worker processes that died unexpectedly and were started again",
+                                registry=r)
+        self.scrape_failures = Counter(
+            "kproxy_worker_scrape_failures_total",
+            "Scrapes in which a worker did not answer (its last exposition was used)", registry=r)

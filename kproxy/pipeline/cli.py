@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 
 DEFAULT_MASTER = "local[*]"
 DEFAULT_WINDOW = "1m"
@@ -29,6 +30,10 @@ LOCAL_DRIVER_MEMORY_SHARE = 0.25
 LOCAL_DRIVER_MEMORY_MIN_MB = 1024
 LOCAL_DRIVER_MEMORY_MAX_MB = 16 * 1024
 LOG4J_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+# The JVM prints this line at start because Spark's launcher always passes
+# --add-modules=jdk.incubator.vector (Spark's JavaModuleOptions; no setting turns it off)
+# and the JVM has no option to silence it. It is no trouble, so kproxy does not pass it on.
+JVM_INCUBATOR_NOTICE = b"WARNING: Using incubator modules: jdk.incubator.vector\n"
 _UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60,
           "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
 
@@ -126,9 +131,43 @@ def session(master: str | None):
         builder = (builder.master(master)
                    .config("spark.ui.showConsoleProgress", "false")      # Progress prints stages
                    .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"))
-    spark = builder.getOrCreate()
+        spark = _start_without_incubator_notice(builder)
+    else:
+        spark = builder.getOrCreate()
     spark.conf.set("spark.sql.session.timeZone", "UTC")                  # windows and times in UTC
     return spark
+
+
+def _start_without_incubator_notice(builder):
+    """``builder.getOrCreate()``, the JVM it starts writing its stderr through a filter.
+
+    The JVM inherits file descriptor 2 when PySpark launches it, so for the launch only
+    that descriptor is a pipe; a thread passes on every line but JVM_INCUBATOR_NOTICE to
+    the real stderr for as long as the JVM (and anything it starts) writes to it.
+    """
+    read_end, write_end = os.pipe()
+    real_stderr = os.dup(2)
+    threading.Thread(target=_pass_on_stderr, args=(read_end, real_stderr),
+                     name="jvm-stderr", daemon=True).start()
+    sys.stderr.flush()
+    os.dup2(write_end, 2)
+    try:
+        return builder.getOrCreate()
+    finally:
+        sys.stderr.flush()
+        os.dup2(real_stderr, 2)
+        os.close(write_end)                          # the JVM holds its own copy
+
+
+def _pass_on_stderr(read_end: int, out: int) -> None:
+    with os.fdopen(read_end, "rb") as lines, os.fdopen(out, "wb", buffering=0) as sink:
+        for line in lines:
+            if line != JVM_INCUBATOR_NOTICE:
+                sink.write(line)
+
+
+def _not_from_py4j(record) -> bool:
+    return f"{os.sep}py4j{os.sep}" not in record.pathname
 
 
 def run(args, master: str | None) -> int:
@@ -143,6 +182,9 @@ def run(args, master: str | None) -> int:
     from .source import InputError, resolve_inputs
     import logging
     logging.getLogger("py4j").setLevel(logging.WARNING)     # its INFO lines say nothing to a user
+    # py4j also logs on the root logger, with a traceback, each call that a Ctrl-C or the
+    # JVM's exit broke; the caller gets that failure as an exception, so these only repeat it.
+    logging.getLogger().addFilter(_not_from_py4j)
     try:
         options = Options(window_seconds=parse_window(args.window), top=args.top, fmt=args.format,
                           since=parse_time(args.since, "--since") if args.since else None,
@@ -171,6 +213,9 @@ def run(args, master: str | None) -> int:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"kproxy analyze: error: {first}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("kproxy analyze: interrupted", file=sys.stderr)
+        return 130
     print(f"tables   {os.path.join(result.out, 'tables')}/ ({len(result.tables)})")
     print(f"summary  {os.path.join(result.out, 'summary.json')}")
     if result.report:

@@ -303,8 +303,23 @@ class Endpoint(asyncio.BufferedProtocol):
         self.resume("connecting")
 
 
+# Worker processes sharing the machine (``kproxy run --workers``); set by ``run_as_worker``.
+_worker_processes = 1
+
+
+def run_as_worker(index: int, workers: int) -> None:
+    """This process is worker ``index`` of ``workers`` behind the same ports: its connection
+    ids are index+1, index+1+workers, ... (unique across the workers, so captures merged
+    from all of them keep connections apart) and its buffer budget is a 1/workers share."""
+    global _ids, _worker_processes
+    _ids = itertools.count(index + 1, workers)
+    _worker_processes = workers
+
+
 def buffer_budget_limit() -> int:
-    """``DEFAULT_BUFFER_BUDGET``, or a quarter of the container's memory limit if lower."""
+    """``DEFAULT_BUFFER_BUDGET``, or a quarter of the container's memory limit if lower;
+    divided among worker processes."""
+    limit = DEFAULT_BUFFER_BUDGET
     for path in CONTAINER_MEMORY_LIMIT_FILES:
         try:
             with open(path) as f:
@@ -312,8 +327,9 @@ def buffer_budget_limit() -> int:
         except OSError:
             continue
         if text.isdigit():
-            return min(DEFAULT_BUFFER_BUDGET, int(text) // 4)
-    return DEFAULT_BUFFER_BUDGET
+            limit = min(DEFAULT_BUFFER_BUDGET, int(text) // 4)
+            break
+    return limit // _worker_processes
 
 
 class BufferBudget:

@@ -31,6 +31,9 @@ own broker (DNS or the load balancer sends each name to its sidecar); once it
 knows its broker's node id (Metadata lists the node at the sidecar's upstream
 address) it also refuses other nodes' names, which would otherwise reach the
 wrong broker.
+
+What kproxy asks the cluster itself (where the brokers are, for SNI; whether one
+answers, for ``/readyz``) lives in ``own_requests``.
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..config import Config
-from ..protocol import DecodeError, Request, decode_response, encode_request, encode_response, new_body
+from ..protocol import encode_response
 from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
+from .own_requests import OwnRequests
 from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
 from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
@@ -96,13 +100,6 @@ OS_CHOSEN_PORT = 0                # broker_port_base 0: the OS picks each broker
 SNI_LOG_INTERVAL_S = 60.0
 SNI_LOG_NAMES_PER_INTERVAL = 5
 ROUTE_ATTRIBUTE = "kproxy_route"  # set on each handshake's SSLObject: BOOTSTRAP or a node id
-# A client may name a node this kproxy has not yet seen in any response (another replica
-# behind the same load balancer answered its Metadata, or this one restarted): kproxy
-# then asks the cluster itself, with a Metadata request for no topics at a version every
-# Kafka from 2.4 to 4.x answers (4.0 removed only v0-3), at most once per interval
-# however many clients wait.
-DISCOVERY_METADATA_VERSION = 9
-DISCOVERY_MIN_INTERVAL_S = 1.0
 # Connections refused for a limit (max_connections, open files) come in bursts: each limit
 # is logged once a minute with how many were not; all are counted in
 # kproxy_connections_closed_total{reason}.
@@ -115,12 +112,6 @@ REFUSAL_LOG_KINDS_PER_INTERVAL = 2
 MAX_OPEN_FILES = 1 << 20
 FD_HEADROOM = 64
 FDS_PER_CONNECTION = 2
-OWN_CLIENT_ID = "kproxy"           # client_id of the requests kproxy itself sends upstream
-# /readyz asks an upstream for ApiVersions (v0: every broker answers it, before any SASL),
-# within this time, and keeps the answer this long.
-READINESS_API_VERSIONS_VERSION = 0
-READINESS_TIMEOUT_S = 2.0
-READINESS_CACHE_S = 1.0
 
 
 @dataclass(eq=False)
@@ -158,9 +149,6 @@ class Proxy:
         self.sni_names = config.sni_names                  # None unless routing = "sni"
         self._sni_log = LogBudget(SNI_LOG_INTERVAL_S, SNI_LOG_NAMES_PER_INTERVAL)
         self._sni_policies: dict[object, RelayPolicy] = {}  # BOOTSTRAP / node id -> policy
-        self._discovery_lock = asyncio.Lock()
-        self._discovered_at = float("-inf")
-        self._discovery_log = LogBudget(SNI_LOG_INTERVAL_S, 1)
         self._certificate_names = certificate_names(config.tls_server.cert_file) \
             if self.sni_names is not None else None
         self._names_checked: set[int] = set()       # node ids whose name was checked against it
@@ -170,16 +158,16 @@ class Proxy:
             self._tls_handshake_failed) if config.tls_server else None
         self._tls_log = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL)
         self._client_ssl = client_context(config.tls_client) if config.tls_client else None
+        # Discovery (SNI) and readiness: requests of kproxy's own to the upstreams.
+        self.own_requests = OwnRequests(config, self._bootstrap_candidates, self._client_ssl)
         self._reaper: asyncio.Task | None = None
         self._listen_port = config.listen[1]      # as bound, once started (0: OS-chosen)
         self._opening: set[str] = set()
         self._decode_log = LogBudget(DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL)
         self._unreachable_log = unreachable_log_budget()    # one for all listeners
-        self._readiness: tuple[float, tuple[bool, str]] | None = None   # (when, result)
         self._refusal_log = LogBudget(REFUSAL_LOG_INTERVAL_S, REFUSAL_LOG_KINDS_PER_INTERVAL)
         self._fd_limit: int | None = None            # the soft open-file limit, once planned
         self._fd_connections: int | None = None      # proxied connections it leaves room for
-        self._readiness_check: asyncio.Future | None = None
         self.rejected_connections = 0
         self._closed_traffic = {"from_client": 0, "to_broker": 0, "from_broker": 0, "to_client": 0}
         self.started = False
@@ -297,91 +285,9 @@ class Proxy:
             self._sni_policies[route] = self._policy(f"broker-{route}", route)
         return self._sni_policies[route]
 
-    async def _learn_brokers(self) -> None:
-        """Learn every broker's address from a Metadata request of kproxy's own."""
-        async with self._discovery_lock:
-            if time.monotonic() - self._discovered_at < DISCOVERY_MIN_INTERVAL_S:
-                return
-            self._discovered_at = time.monotonic()
-            errors = []
-            for host, port in self._bootstrap_candidates():
-                try:
-                    brokers = await asyncio.wait_for(self._metadata_brokers(host, port),
-                                                     self.config.connect_timeout)
-                except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError,
-                        DecodeError, ValueError) as exc:
-                    errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")
-                    continue
-                for node_id, broker_host, broker_port in brokers:
-                    self.advertise(node_id, broker_host, broker_port)
-                return
-            unlogged = self._discovery_log.admit("discovery")
-            if unlogged is not None:
-                log.warning("cannot ask the cluster where its brokers are (%s); a client naming a "
-                            "node kproxy has not seen in a response is refused until it has (not "
-                            "logged again within %gs%s)", "; ".join(errors), SNI_LOG_INTERVAL_S,
-                            f"; {unlogged} earlier failures were not logged" if unlogged else "")
-
-    async def _metadata_brokers(self, host: str, port: int) -> list[tuple[int, str, int]]:
-        version = DISCOVERY_METADATA_VERSION
-        response = await self._ask(host, port, METADATA_KEY, version,
-                                   new_body("request", METADATA_KEY, version, topics=[]))
-        return node_addresses(METADATA_KEY, version, response.body)
-
-    async def _ask(self, host: str, port: int, api_key: int, version: int, body):
-        """One request of kproxy's own to an upstream, on a connection of its own (TLS as
-        configured), and its decoded response."""
-        c = self.config
-        kwargs = {}
-        if self._client_ssl is not None:
-            kwargs = {"ssl": self._client_ssl,
-                      "server_hostname": host if c.tls_client.check_hostname else None}
-        reader, writer = await asyncio.open_connection(host, port, **kwargs)
-        try:
-            frame = encode_request(Request(api_key, version, 1, OWN_CLIENT_ID, body))
-            writer.write(len(frame).to_bytes(4, "big") + frame)
-            size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
-            if not 0 < size <= c.max_frame_size:
-                raise ValueError(f"a response of {size} bytes")
-            return decode_response(await reader.readexactly(size), api_key, version)
-        finally:
-            writer.close()
-
     async def upstream_ready(self) -> tuple[bool, str]:
-        """Whether a broker answers (for /readyz): an ApiVersions round trip to the first
-        upstream that answers, which a stopped or wedged broker fails even when something
-        still accepts TCP on its port. Probes share one check at a time, and its result for
-        ``READINESS_CACHE_S``: a probe storm costs the brokers nothing extra."""
-        now = time.monotonic()
-        if self._readiness is not None and now - self._readiness[0] < READINESS_CACHE_S:
-            return self._readiness[1]
-        if self._readiness_check is None or self._readiness_check.done():
-            self._readiness_check = asyncio.ensure_future(self._check_upstreams())
-        # Shielded: a probe that gives up does not cancel the check the others await.
-        return await asyncio.shield(self._readiness_check)
-
-    async def _check_upstreams(self) -> tuple[bool, str]:
-        errors = []
-        for host, port in self._bootstrap_candidates():
-            try:
-                response = await asyncio.wait_for(
-                    self._ask(host, port, API_VERSIONS_KEY, READINESS_API_VERSIONS_VERSION,
-                              new_body("request", API_VERSIONS_KEY, READINESS_API_VERSIONS_VERSION)),
-                    READINESS_TIMEOUT_S)
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError,
-                    DecodeError, ValueError) as exc:
-                errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")   # timeouts have no text
-                continue
-            code = response.body.error_code
-            if code != 0:
-                errors.append(f"{host}:{port}: ApiVersions answered with error {code}")
-                continue
-            result = True, f"{host}:{port} answers ApiVersions"
-            break
-        else:
-            result = False, "; ".join(errors) or "no upstream address known"
-        self._readiness = (time.monotonic(), result)
-        return result
+        """Whether a broker answers an ApiVersions round trip (for /readyz; cached, shared)."""
+        return await self.own_requests.upstream_ready()
 
     # ------------------------------------------------------------ rewriting
 
@@ -470,7 +376,7 @@ class Proxy:
                 if policy.node_id is not None and self.sni_names is not None \
                         and policy.node_id not in self.upstream_of:
                     try:
-                        await self._learn_brokers()
+                        await self.own_requests.learn_brokers(self.advertise)
                     except asyncio.CancelledError:      # shutdown: end normally, not cancelled
                         client.close()
                         return
@@ -497,6 +403,8 @@ class Proxy:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.config.workers > 1:      # the kernel spreads connections among the workers
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, port))
             sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)

@@ -15,43 +15,54 @@ from ..protocol.connection import TLS_HANDSHAKE_FAILURE_ALERT
 from ..protocol.tls_failures import handshake_failure
 
 
-def _watching(on_failure: Callable[[str, ssl.SSLError], None]) -> type:
-    """An SSLObject class that reports failed server-side handshakes (asyncio otherwise drops
-    them silently: they happen before any connection handler runs) and lets the client hear
+class _WatchedSSLObject(ssl.SSLObject):
+    """A server-side TLS session that reports a failed handshake (asyncio otherwise drops
+    it silently: it happens before any connection handler runs) and lets the client hear
     OpenSSL's alert: asyncio and uvloop close at once on a handshake error, without sending
     the alert OpenSSL wrote, so a client is left guessing (a Java client retries for a minute).
     The first failure is reported as "need more data", which makes the event loop send what
     OpenSSL wrote (or a handshake_failure alert if it wrote nothing, as for a client not
-    speaking TLS at all); the client, told, closes; if it sends anything instead, the error is raised
-    then (and ``ssl_handshake_timeout`` bounds a client that does neither)."""
+    speaking TLS at all); the client, told, closes; if it sends anything instead, the error is
+    raised then (and ``ssl_handshake_timeout`` bounds a client that does neither).
 
-    class WatchedSSLObject(ssl.SSLObject):
-        @classmethod
-        def _create(cls, incoming, outgoing, *args, **kwargs):
-            obj = super()._create(incoming, outgoing, *args, **kwargs)
-            obj._kproxy_incoming, obj._kproxy_outgoing = incoming, outgoing
-            obj._kproxy_first = obj._kproxy_failed = None
-            return obj
+    Built only by ``_WatchingContext.wrap_bio``, which hands it its BIOs and the callback."""
 
-        def do_handshake(self):
-            if self._kproxy_failed is not None:
-                raise self._kproxy_failed
-            if self._kproxy_first is None and self._kproxy_incoming.pending:
-                data = self._kproxy_incoming.read()     # peek: read all, put it back unchanged
-                self._kproxy_incoming.write(data)
-                self._kproxy_first = data[0]
-            try:
-                return super().do_handshake()
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                raise
-            except ssl.SSLError as exc:
-                on_failure(handshake_failure(getattr(exc, "reason", None), self._kproxy_first), exc)
-                self._kproxy_failed = exc
-                if not self._kproxy_outgoing.pending:    # OpenSSL wrote none (not TLS at all)
-                    self._kproxy_outgoing.write(TLS_HANDSHAKE_FAILURE_ALERT)
-                raise ssl.SSLWantReadError("handshake failed; sending the alert first") from exc
+    def _watch(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO,
+               on_failure: Callable[[str, ssl.SSLError], None]) -> None:
+        self._kproxy_incoming, self._kproxy_outgoing = incoming, outgoing
+        self._kproxy_on_failure = on_failure
+        self._kproxy_first = self._kproxy_failed = None
 
-    return WatchedSSLObject
+    def do_handshake(self):
+        if self._kproxy_failed is not None:
+            raise self._kproxy_failed
+        if self._kproxy_first is None and self._kproxy_incoming.pending:
+            data = self._kproxy_incoming.read()     # peek: read all, put it back unchanged
+            self._kproxy_incoming.write(data)
+            self._kproxy_first = data[0]
+        try:
+            return super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise
+        except ssl.SSLError as exc:
+            self._kproxy_on_failure(handshake_failure(getattr(exc, "reason", None), self._kproxy_first), exc)
+            self._kproxy_failed = exc
+            if not self._kproxy_outgoing.pending:    # OpenSSL wrote none (not TLS at all)
+                self._kproxy_outgoing.write(TLS_HANDSHAKE_FAILURE_ALERT)
+            raise ssl.SSLWantReadError("handshake failed; sending the alert first") from exc
+
+
+class _WatchingContext(ssl.SSLContext):
+    """A server context whose sessions report failed handshakes. asyncio and uvloop both
+    build a connection's TLS session with ``wrap_bio`` (public API), which is where the
+    session can be given its BIOs (it has no public way to reach them itself)."""
+
+    on_handshake_failure: Callable[[str, ssl.SSLError], None]
+
+    def wrap_bio(self, incoming, outgoing, server_side=False, server_hostname=None, session=None):
+        obj = super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+        obj._watch(incoming, outgoing, self.on_handshake_failure)
+        return obj
 
 
 def server_context(tls: TLSServer, sni_callback=None,
@@ -64,10 +75,13 @@ def server_context(tls: TLSServer, sni_callback=None,
     ends the handshake with that alert. ``on_handshake_failure(cause, error)`` hears of
     every client handshake that fails.
     """
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    if on_handshake_failure is None:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    else:   # what create_default_context(CLIENT_AUTH) builds, as the watching class
+        ctx = _WatchingContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.sslobject_class = _WatchedSSLObject
+        ctx.on_handshake_failure = on_handshake_failure
     ctx.sni_callback = sni_callback
-    if on_handshake_failure is not None:
-        ctx.sslobject_class = _watching(on_handshake_failure)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(tls.cert_file, tls.key_file)
     if tls.client_ca_file:

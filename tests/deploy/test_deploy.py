@@ -214,6 +214,12 @@ def admin_routes(config: kconfig.Config) -> set[str]:
     return set(Runtime(config).admin.routes)
 
 
+def probe_routes(config: kconfig.Config) -> set[str]:
+    """The probe listener's routes; none when the config does not enable it."""
+    probes = Runtime(config).probes
+    return set(probes.server.routes) if probes is not None else set()
+
+
 # ---- compose
 
 @cache
@@ -663,11 +669,12 @@ def test_dockerfile_env_binds_all_interfaces_and_exposes_the_default_ports(monke
     defaults = kconfig.Config(upstreams=(("broker", 9092),))
     assert config.listen[1] == defaults.listen[1] == 9092
     assert config.admin_listen[1] == defaults.admin_listen[1] == 9644
+    assert config.probe_listen[1] == 9645 and defaults.probe_listen is None    # the image turns it on
     # 127.0.0.1 (the default) cannot be reached from outside a container.
-    assert config.listen[0] in WILDCARD_HOSTS and config.admin_listen[0] in WILDCARD_HOSTS
+    assert {config.listen[0], config.admin_listen[0], config.probe_listen[0]} <= set(WILDCARD_HOSTS)
     exposed = {int(port.split("/")[0]) for word, rest in final_stage(dockerfile_instructions())
                if word == "EXPOSE" for port in rest.split()}
-    assert exposed == {config.listen[1], config.admin_listen[1]}
+    assert exposed == {config.listen[1], config.admin_listen[1], config.probe_listen[1]}
     # The admin port binds everywhere, so the image must not switch capture control on.
     assert config.admin_token is None and not config.capture_allow_record_data
 
@@ -692,18 +699,19 @@ def test_dockerfile_installs_kproxy_from_the_repo_and_the_context_has_what_it_co
     assert re.search(r"pip (wheel|install)\b[^&]* \.(\s|$)", runs), "kproxy must be installed from the repo"
 
 
-def test_dockerfile_healthcheck_gets_healthz_from_a_real_admin_listener():
+def test_dockerfile_healthcheck_gets_healthz_from_a_real_probe_listener():
     command = healthcheck_command()
     assert command[:2] == ["python", "-c"] and "/healthz" in command[2], command
     assert "curl" not in command[2] and "wget" not in command[2]
 
     async def check() -> tuple[int, int]:
         config = kconfig.build({"upstream": "127.0.0.1:1", "listen": "127.0.0.1:0",
-                                "broker_port_base": 40000, "admin_listen": "127.0.0.1:0"})
+                                "broker_port_base": 40000, "admin_listen": "127.0.0.1:0",
+                                "probe_listen": "127.0.0.1:0"})
         runtime = Runtime(config)
         await runtime.start()
-        port = runtime.admin.address[1]
-        env = {**os.environ, **image_env(), "KPROXY_ADMIN_LISTEN": f"0.0.0.0:{port}"}
+        port = runtime.probes.address[1]
+        env = {**os.environ, **image_env(), "KPROXY_PROBE_LISTEN": f"0.0.0.0:{port}"}
 
         async def healthcheck() -> int:
             process = await asyncio.create_subprocess_exec(sys.executable, *command[1:], env=env,
@@ -742,9 +750,9 @@ def test_compose_kproxy_command_is_valid_and_its_ports_published(monkeypatch, ca
     node_port = config.port_base + int(kafka_env["KAFKA_NODE_ID"])
     if config.broker_port_rule == "map":
         node_port = config.broker_port_map[int(kafka_env["KAFKA_NODE_ID"])]
-    for port in (config.listen[1], node_port, config.admin_listen[1]):
+    for port in (config.listen[1], node_port, config.admin_listen[1], config.probe_listen[1]):
         assert published.get(port) == port, f"port {port} not published as {port}:{port}"
-    assert config.listen[0] in WILDCARD_HOSTS and config.admin_listen[0] in WILDCARD_HOSTS
+    assert {config.listen[0], config.admin_listen[0], config.probe_listen[0]} <= set(WILDCARD_HOSTS)
     grace = re.fullmatch(r"(\d+)s", str(kproxy.get("stop_grace_period", "10s")))
     assert grace and int(grace[1]) > config.shutdown_timeout, \
         "stop_grace_period must leave kproxy its shutdown_timeout for in-flight requests"
@@ -869,15 +877,17 @@ def test_kubernetes_variants_start_kproxy_identically(tmp_path, monkeypatch, cap
 
 
 @pytest.mark.parametrize("name", ["statefulset.yaml", "statefulset-configmap.yaml"])
-def test_kubernetes_probes_and_annotations_hit_the_admin_listener(name, tmp_path, monkeypatch, capsys):
+def test_kubernetes_probes_hit_the_probe_listener_and_annotations_the_admin_listener(name, tmp_path,
+                                                                                     monkeypatch, capsys):
     sts = dict(statefulsets())[name]
     config = kproxy_run_in_pod(sts, tmp_path, monkeypatch, capsys)
     container = kproxy_container(sts)
-    routes = admin_routes(config)
+    routes = probe_routes(config)
+    assert routes == {"/healthz", "/readyz"} and routes <= admin_routes(config)
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = container[probe]["httpGet"]
         assert get["path"] == path and path in routes
-        assert resolve_port(container, get["port"]) == config.admin_listen[1]
+        assert resolve_port(container, get["port"]) == config.probe_listen[1]
     annotations = sts["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(config.admin_listen[1])
@@ -957,7 +967,7 @@ def test_kubernetes_network_policy_admits_exactly_what_the_pods_need():
     for name, sts in statefulsets():
         labels = sts["spec"]["template"]["metadata"]["labels"]
         ports = {p["name"]: p for c in pod_spec(sts)["containers"] for p in c.get("ports", [])}
-        assert set(ports) == {"kafka-proxy", "internal", "controller", "admin"}, name
+        assert set(ports) == {"kafka-proxy", "internal", "controller", "admin", "probes"}, name
         allowed = {who: {port for port, spec in ports.items() if ingress_allowed(policies, labels, spec, source)}
                    for who, source in (("client", CLIENT), ("peer", PEER_BROKER), ("prometheus", PROMETHEUS_POD),
                                        ("neighbour", NEIGHBOUR), ("other monitor", OTHER_MONITOR))}

@@ -142,3 +142,17 @@ def test_local_spark_gets_a_bounded_share_of_memory():
     assert cli.LOCAL_DRIVER_MEMORY_MIN_MB <= mb <= cli.LOCAL_DRIVER_MEMORY_MAX_MB
     assert mb == max(cli.LOCAL_DRIVER_MEMORY_MIN_MB,
                      min(int(total * cli.LOCAL_DRIVER_MEMORY_SHARE), cli.LOCAL_DRIVER_MEMORY_MAX_MB))
+
+
+def test_only_the_jvm_incubator_notice_is_dropped_from_spark_stderr():
+    """Spark's launcher always adds jdk.incubator.vector, so the JVM announces it; that one
+    line goes, every other line (log4j warnings and errors, other WARNING lines) passes."""
+    source_read, source_write = os.pipe()
+    sink_read, sink_write = os.pipe()
+    lines = [b"12:00:00 WARN SparkContext: a real warning\n", cli.JVM_INCUBATOR_NOTICE,
+             b"WARNING: Using incubator modules: jdk.incubator.foreign\n", b"last line, unterminated"]
+    with os.fdopen(source_write, "wb") as jvm:
+        jvm.write(b"".join(lines))
+    cli._pass_on_stderr(source_read, sink_write)
+    with os.fdopen(sink_read, "rb") as passed:
+        assert passed.read() == b"".join(line for line in lines if line != cli.JVM_INCUBATOR_NOTICE)

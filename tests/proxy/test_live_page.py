@@ -9,6 +9,7 @@ copies the first one there, for the README).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -82,6 +83,20 @@ def wait_until(check, what: str) -> None:
         time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def page_showing_produce(browser, proxy, topic_prefix: str, count: int, client_id: str):
+    """The live page, open before ``count`` Produce requests of ``client_id`` to a new topic
+    and showing their rows; yields (page, topic) and closes the page after."""
+    topic = f"{topic_prefix}-{uuid.uuid4().hex[:6]}"
+    page = open_page(browser, proxy)
+    try:
+        produce_one_by_one(proxy, topic, count, client_id=client_id)
+        wait_for_rows(page, "#pairs tbody tr[data-api=Produce]", count)
+        yield page, topic
+    finally:
+        page.close()
+
+
 def screenshot(page, tmp_path, name: str) -> None:
     path = tmp_path / f"{name}.png"
     page.screenshot(path=str(path), full_page=False)
@@ -90,11 +105,7 @@ def screenshot(page, tmp_path, name: str) -> None:
 
 
 def test_the_page_shows_every_pair_the_client_sent_and_a_filter_narrows_them(browser, proxy, tmp_path):
-    topic = f"live-{uuid.uuid4().hex[:6]}"
-    page = open_page(browser, proxy)
-    try:
-        produce_one_by_one(proxy, topic, 12, client_id="live-count")
-        wait_for_rows(page, "#pairs tbody tr[data-api=Produce]", 12)
+    with page_showing_produce(browser, proxy, "live", 12, client_id="live-count") as (page, topic):
         time.sleep(1.0)                                   # anything extra would arrive by now
         rows = produce_rows(page)
         assert len(rows) == 12 and {client for _, client in rows} == {"live-count"}, rows
@@ -115,16 +126,10 @@ def test_the_page_shows_every_pair_the_client_sent_and_a_filter_narrows_them(bro
             "#pairs tbody tr", "rows => rows.map(r => [r.dataset.api, r.cells[3].textContent])")
         assert shown == [["Produce", "live-filtered"]] * 5, shown
         screenshot(page, tmp_path, "filtered")
-    finally:
-        page.close()
 
 
 def test_clicking_a_produce_pair_shows_its_topic_and_record_count(browser, proxy, tmp_path):
-    topic = f"detail-{uuid.uuid4().hex[:6]}"
-    page = open_page(browser, proxy)
-    try:
-        produce_one_by_one(proxy, topic, 2, client_id="live-detail")
-        wait_for_rows(page, "#pairs tbody tr[data-api=Produce]", 2)
+    with page_showing_produce(browser, proxy, "detail", 2, client_id="live-detail") as (page, topic):
         page.click("#pairs tbody tr[data-api=Produce]")
         page.locator("#detail-summary[data-records]").wait_for(timeout=WAIT_MS)
         summary = page.eval_on_selector("#detail-summary", "e => [e.dataset.topics, e.dataset.records, e.textContent]")
@@ -141,8 +146,6 @@ def test_clicking_a_produce_pair_shows_its_topic_and_record_count(browser, proxy
             page.click("#detail-pcap")
         data = open(download.value.path(), "rb").read()
         assert data[:4] == b"\x0a\x0d\x0d\x0a" and topic.encode() in data
-    finally:
-        page.close()
 
 
 def test_the_inventory_lists_the_client_software(browser, proxy, tmp_path):

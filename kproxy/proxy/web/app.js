@@ -323,6 +323,7 @@ async function refreshOverview() {
       const o = await (await call("/live/overview")).json();
       const t = o.traffic;
       $("#window-note").textContent = t.since ? `over the last ${Math.round(t.span_s)} s (counted while this page is open)` : "(waiting for traffic)";
+      if (o.notice) $("#window-note").textContent += ` · ${o.notice}`;   // kproxy run --workers: one worker's view
       fillTable($("#apis tbody"), t.apis, (a) => [
         [a.api], [a.rate_recent_per_s.toFixed(2), "num"], [a.rate_per_s.toFixed(2), "num"],
         [a.p99_ms == null ? "–" : "≤ " + a.p99_ms.toFixed(2), "num"],

@@ -1,0 +1,152 @@
+"""The probe listener (``probe_listen``): /healthz and /readyz from a thread of their own.
+
+Issue 10 item 4's health-check part: on the admin port a probe waited behind a
+scrape storm's connections. Here a real kproxy (ProxyThread) with its admin and
+probe listeners: probes answered while scrapes are held in flight, /healthz
+turning 503 when the event loop is deliberately blocked (and answered meanwhile),
+/readyz 503 when the broker does not answer, and the settings.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from kproxy import config as config_module
+from kproxy.proxy import admin as admin_module
+from kproxy.proxy.probes import READY_WAIT_S
+from tests.proxy.harness import ProxyThread
+
+PROBE_ANY = "127.0.0.1:0"
+ANSWER_TIMEOUT_S = 10.0
+SCRAPES = 200                      # far more than the admin port lets wait for one render
+PROBES = 20
+STALL_LIMIT_S = 0.5                # the heartbeat's limit in these tests (default 5 s)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=ANSWER_TIMEOUT_S) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_probe_listen_from_file_env_and_flags():
+    base = {"upstream": "127.0.0.1:9092"}
+    assert config_module.build(base).probe_listen is None                     # off by default
+    assert config_module.build(base, {"probe_listen": "0.0.0.0:9645"}).probe_listen == ("0.0.0.0", 9645)
+    env = config_module.from_env({"KPROXY_PROBE_LISTEN": "127.0.0.1:19645"})
+    assert config_module.build(base, env).probe_listen == ("127.0.0.1", 19645)
+    assert config_module.build(base, env, {"probe_listen": "off"}).probe_listen is None
+    with pytest.raises(config_module.ConfigError, match="probe_listen"):
+        config_module.build(base, {"probe_listen": "nowhere"})
+
+
+def test_the_probe_port_answers_the_probes_and_nothing_else(kafka_cluster):
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, probe_listen=PROBE_ANY) as proxy:
+        probe, admin = proxy.runtime.probe_url, proxy.admin_url
+        assert probe is not None and probe != admin
+        assert get(probe + "/healthz") == (200, "ok\n")
+        status, body = get(probe + "/readyz")
+        assert status == 200 and "answers ApiVersions" in body, body
+        for path in ("/metrics", "/capture", "/live/", "/"):
+            assert get(probe + path)[0] == 404, path
+        # The admin port's probes answer as before.
+        assert get(admin + "/healthz") == (200, "ok\n") and get(admin + "/readyz")[0] == 200
+    assert proxy.runtime.probe_url is None                    # closed with the rest
+
+
+def test_probes_are_answered_while_a_scrape_storm_is_in_flight(kafka_cluster):
+    """The render is held, so the scrapes the admin port lets wait stay unanswered (the
+    storm is not over) while every probe on the probe port gets 200."""
+    release = threading.Event()
+    renders = []
+
+    def held_render() -> bytes:
+        renders.append(1)
+        release.wait(60)
+        return b"# held\n"
+
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, probe_listen=PROBE_ANY) as proxy:
+        proxy.runtime.scrape.produce = held_render
+        host, port = proxy.runtime.admin.address
+        scrapes = []
+        try:
+            for _ in range(SCRAPES):
+                sock = socket.create_connection((host, port))
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: storm\r\n\r\n")
+                scrapes.append(sock)
+            held = admin_module.MAX_WAITING_SCRAPES
+            wait_for(lambda: proxy.runtime.scrape.refused == SCRAPES - held, 30, "the excess scrapes' 503")
+            probe = proxy.runtime.probe_url
+            answers = [get(probe + path)[0] for _ in range(PROBES) for path in ("/healthz", "/readyz")]
+            in_flight = proxy.runtime.scrape._waiting
+            release.set()
+            for sock in scrapes:
+                sock.settimeout(ANSWER_TIMEOUT_S)
+            statuses = [int(sock.recv(64).split()[1]) for sock in scrapes]
+        finally:
+            release.set()
+            for sock in scrapes:
+                sock.close()
+    assert answers == [200] * (2 * PROBES), answers
+    assert in_flight == held and len(renders) == 1           # the storm was still on meanwhile
+    assert statuses.count(200) == held and statuses.count(503) == SCRAPES - held
+
+
+def test_healthz_turns_503_when_the_event_loop_is_blocked():
+    """The probe thread answers while the loop is blocked, and says it is: 503 past the
+    heartbeat's limit, and /readyz 503 when the loop cannot run the broker check; both
+    well before the loop turns again. Then 200 again."""
+    block_s = 2 * READY_WAIT_S + 2
+    unreachable = socket.socket()
+    unreachable.bind(("127.0.0.1", 0))                      # bound, not listening: refused
+    with ProxyThread(upstream="%s:%d" % unreachable.getsockname(), probe_listen=PROBE_ANY) as proxy:
+        proxy.runtime.heartbeat.stall_limit = STALL_LIMIT_S
+        probe = proxy.runtime.probe_url
+        assert get(probe + "/healthz")[0] == 200
+        unblocked = threading.Event()
+        proxy.loop.call_soon_threadsafe(time.sleep, block_s)     # the loop does nothing else
+        proxy.loop.call_soon_threadsafe(unblocked.set)
+        stalled = []
+        wait_for(lambda: stalled.append(get(probe + "/healthz")) or stalled[-1][0] == 503,
+                 block_s, "/healthz to say the loop is stalled")
+        healthz_while_blocked = not unblocked.is_set()
+        ready_status, ready_body = get(probe + "/readyz")
+        readyz_while_blocked = not unblocked.is_set()
+        wait_for(unblocked.is_set, block_s + 5, "the loop to run again")
+        wait_for(lambda: get(probe + "/healthz")[0] == 200, 5, "/healthz to recover")
+    unreachable.close()
+    assert healthz_while_blocked and "event loop stalled" in stalled[-1][1], stalled[-1]
+    assert readyz_while_blocked and ready_status == 503, (ready_status, ready_body)
+    assert "did not check the upstream" in ready_body, ready_body
+
+
+def test_readyz_on_the_probe_port_is_503_when_the_broker_does_not_answer():
+    """A port that accepts TCP but never answers (a stopped broker): 503 naming it."""
+    wedged = socket.socket()
+    wedged.bind(("127.0.0.1", 0))
+    wedged.listen(16)                                     # never accepted, never answered
+    host, port = wedged.getsockname()
+    try:
+        with ProxyThread(upstream=f"{host}:{port}", probe_listen=PROBE_ANY) as proxy:
+            status, body = get(proxy.runtime.probe_url + "/readyz")
+            healthz = get(proxy.runtime.probe_url + "/healthz")[0]
+    finally:
+        wedged.close()
+    assert status == 503 and f"{host}:{port}: TimeoutError" in body, (status, body)
+    assert healthz == 200                                   # alive, only not ready

@@ -1,0 +1,428 @@
+"""``kproxy run --workers 2`` as an operator starts it, in front of a real broker, real clients.
+
+The clients are the witnesses: raw sockets whose every request and byte is known,
+and confluent-kafka producing and consuming through the shared port. Each
+worker's own (private) metrics prove where connections landed; the supervisor's
+/metrics must equal the sum of what the clients did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
+from kproxy.protocol.records import Record, build_batch
+from tests.proxy.harness import free_ports
+
+pytestmark = pytest.mark.broker
+
+TOKEN = "workers-test-token-0123456789abcdef"
+START_TIMEOUT_S = 60.0
+# Connections opened to show the kernel spreads them: all on one of two workers by chance
+# has odds 2 x 2^-16.
+SPREAD_CONNECTIONS = 16
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Workers:
+    """A ``kproxy run --workers N`` subprocess and the calls a test makes to it."""
+
+    def __init__(self, upstream: str, node_ids: list[int], tmp: Path, workers: int = 2,
+                 listen_port: int | None = None, extra: tuple[str, ...] = ()):
+        ports = free_ports(3 + len(node_ids))
+        self.listen_port = listen_port or ports[0]
+        self.admin = f"http://127.0.0.1:{ports[1]}"
+        self.probes = f"http://127.0.0.1:{ports[-1]}"
+        self.capture_root = tmp / "captures"
+        port_map = ",".join(f"{node}={port}" for node, port in zip(node_ids, ports[2:-1]))
+        self.log = tmp / f"kproxy-{uuid.uuid4().hex[:6]}.log"
+        env = {**os.environ, "KPROXY_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "kproxy", "run", "--workers", str(workers), "--upstream", upstream,
+                 "--listen", f"127.0.0.1:{self.listen_port}", "--admin-listen", self.admin[7:],
+                 "--broker-port-rule", "map", "--broker-port-map", port_map,
+                 "--probe-listen", self.probes[7:], "--shutdown-timeout", "10", *extra],
+                env={**env, "KPROXY_CAPTURE_ROOT": str(self.capture_root)}, cwd=REPO,
+                stdout=log, stderr=subprocess.STDOUT)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.listen_port}"
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()
+            try:
+                if self.get("/readyz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"not ready in {START_TIMEOUT_S}s: {self.log.read_text()}")
+
+    def call(self, path: str, body: dict | None = None, token: str | None = TOKEN,
+             base: str | None = None) -> tuple[int, bytes]:
+        request = urllib.request.Request((base or self.admin) + path,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         method="GET" if body is None else "POST")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=20) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    get = call
+
+    def metrics(self, base: str | None = None) -> dict[tuple, float]:
+        status, text = self.call("/metrics", base=base)
+        assert status == 200, text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(text.decode()) for s in f.samples}
+
+    def workers(self) -> list[dict]:
+        return json.loads(self.call("/workers")[1])["workers"]
+
+    def per_worker_metrics(self) -> list[dict[tuple, float]]:
+        """Each worker's own exposition, from its private admin listener."""
+        return [self.metrics(base=f"http://127.0.0.1:{w['admin_port']}") for w in self.workers()]
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+
+def value(samples, name, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def total(samples, name) -> float:
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+@pytest.fixture(scope="module")
+def node_ids(kafka_cluster) -> list[int]:
+    return [node.node_id for node in kafka_cluster.nodes]
+
+
+@pytest.fixture(scope="module")
+def proxy(kafka_cluster, node_ids, tmp_path_factory):
+    workers = Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path_factory.mktemp("workers"))
+    try:
+        workers.wait_ready()
+        yield workers
+    finally:
+        assert workers.stop() == 0, workers.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def topic(proxy) -> str:
+    name = f"workers-{uuid.uuid4().hex[:8]}"
+    with RawClient(proxy.bootstrap) as client:
+        client.create(name)
+    return name
+
+
+def _read_exactly(sock, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return bytes(data)
+
+
+class RawClient:
+    """One connection, requests sent one at a time: every request and byte accounted for."""
+
+    def __init__(self, bootstrap: str):
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.correlation_id = 0
+        self.sent = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+    def send(self, api_key: int, version: int, body):
+        self.correlation_id += 1
+        payload = encode_request(Request(api_key, version, self.correlation_id, "raw-witness", body))
+        self.sock.sendall(len(payload).to_bytes(4, "big") + payload)
+        self.sent += 4 + len(payload)
+        return self.correlation_id
+
+    def receive(self, api_key: int, version: int):
+        frame = _read_exactly(self.sock, int.from_bytes(_read_exactly(self.sock, 4), "big"))
+        return decode_response(frame, api_key, version)
+
+    def request(self, api_key: int, version: int, body):
+        correlation_id = self.send(api_key, version, body)
+        response = self.receive(api_key, version)
+        assert response.correlation_id == correlation_id
+        return response.body
+
+    def create(self, topic: str) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:      # auto-created, then a leader elected
+            metadata = self.request(3, 12, new_body("request", 3, 12, topics=[Struct(name=topic)],
+                                                    allow_auto_topic_creation=True))
+            if metadata.topics[0].error_code == 0 and metadata.topics[0].partitions:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"{topic} not created")
+
+    def produce(self, topic: str, value: bytes) -> None:
+        batch = build_batch([Record(0, int(time.time() * 1000), None, value, ())], "none")
+        body = self.request(0, 9, new_body("request", 0, 9, acks=1, timeout_ms=5000, topic_data=[
+            Struct(name=topic, partition_data=[Struct(index=0, records=batch)])]))
+        assert body.responses[0].partition_responses[0].error_code == 0
+
+
+def test_connections_spread_over_both_workers(proxy):
+    sockets = [socket.create_connection(("127.0.0.1", proxy.listen_port), timeout=10)
+               for _ in range(SPREAD_CONNECTIONS)]
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            open_now = [value(m, "kproxy_connections_open", listener="bootstrap")
+                        for m in proxy.per_worker_metrics()]
+            if sum(open_now) == SPREAD_CONNECTIONS:
+                break
+            time.sleep(0.1)
+        assert sum(open_now) == SPREAD_CONNECTIONS
+        assert len(open_now) == 2 and min(open_now) > 0, open_now         # the kernel used both
+        merged = proxy.metrics()
+        assert value(merged, "kproxy_connections_open", listener="bootstrap") == SPREAD_CONNECTIONS
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_summed_metrics_equal_what_raw_clients_sent(proxy, topic):
+    before = proxy.metrics()
+    clients, produces = 8, 5
+    sent = 0
+    for i in range(clients):
+        with RawClient(proxy.bootstrap) as client:
+            for j in range(produces):
+                client.produce(topic, b"raw %d %d" % (i, j))
+            sent += client.sent
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:           # a close is counted once kproxy has seen it
+        after = proxy.metrics()
+        if value(after, "kproxy_connections_open", listener="bootstrap") == 0:
+            break
+        time.sleep(0.1)
+    delta = lambda name, **labels: value(after, name, **labels) - value(before, name, **labels)
+    assert delta("kproxy_requests_total", api="Produce") == clients * produces
+    assert delta("kproxy_produced_records_total") == clients * produces
+    assert delta("kproxy_client_received_bytes_total") == sent
+    assert delta("kproxy_connections_opened_total", listener="bootstrap") == clients
+    per_worker = [value(m, "kproxy_requests_total", api="Produce") for m in proxy.per_worker_metrics()]
+    assert sum(per_worker) == value(after, "kproxy_requests_total", api="Produce")
+    assert value(after, "kproxy_workers") == 2 and value(after, "kproxy_workers_up") == 2
+    assert ("process_resident_memory_bytes", (("worker", "1"),)) in after
+
+
+def test_produce_and_consume_through_both_workers_lose_nothing(proxy, topic):
+    from confluent_kafka import Consumer, Producer
+    count = 2000
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "linger.ms": 5})
+    delivered = []
+    for i in range(count):
+        producer.produce(topic, value=b"m%05d" % i,
+                         on_delivery=lambda err, msg: delivered.append(err is None))
+    assert producer.flush(30) == 0
+    assert len(delivered) == count and all(delivered)
+    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+                         "fetch.queue.backoff.ms": 10})
+    consumer.subscribe([topic])
+    seen = set()
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and len(seen) < count:
+            for msg in consumer.consume(500, timeout=1.0):
+                if msg.error() is None and msg.value().startswith(b"m"):
+                    seen.add(msg.value())
+    finally:
+        consumer.close()
+    assert seen == {b"m%05d" % i for i in range(count)}
+
+
+def test_health_readiness_and_the_live_page_name_every_worker(proxy):
+    status, body = proxy.get("/readyz")
+    assert status == 200 and b"worker 0:" in body and b"worker 1:" in body
+    assert proxy.get("/healthz")[0] == 200
+    for path in ("/readyz", "/healthz"):       # the probe port is the supervisor's alone
+        status, body = proxy.get(path, token=None, base=proxy.probes)
+        assert status == 200 and b"worker 0:" in body and b"worker 1:" in body, body
+    assert proxy.get("/live/overview", token=None)[0] == 401
+    status, body = proxy.get("/live/overview")
+    assert status == 200 and "worker 0 of 2" in json.loads(body)["notice"]
+    assert proxy.get("/")[0] == 200                              # the page itself, passed through
+    stream = urllib.request.Request(proxy.admin + "/live/stream",
+                                    headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(stream, timeout=20) as response:  # server-sent events, passed on
+        assert response.headers["Content-Type"] == "text/event-stream"
+        assert response.readline().startswith(b"event: status")
+
+
+def test_capture_writes_per_worker_files_the_pipeline_reads_together(proxy, topic):
+    import pyarrow.parquet as pq
+    from kproxy.pipeline.source import resolve_inputs
+    assert proxy.call("/capture/start", {"formats": ["parquet"]}, token=None)[0] == 401
+    status, body = proxy.call("/capture/start", {"directory": "run1", "formats": ["parquet"]})
+    assert status == 200, body
+    assert json.loads(body)["state"] == "running"
+    for i in range(SPREAD_CONNECTIONS):
+        with RawClient(proxy.bootstrap) as client:
+            client.produce(topic, b"captured %d" % i)
+    status, body = proxy.call("/capture/stop", {})
+    assert status == 200 and json.loads(body)["state"] == "stopped", body
+    directory = proxy.capture_root / "run1"
+    names = sorted(p.name for p in directory.glob("*.parquet"))
+    assert any("-w0-" in n for n in names) and any("-w1-" in n for n in names), names
+    inputs = resolve_inputs([str(directory)])
+    assert sorted(os.path.basename(f) for f in inputs.files) == names
+    rows = [row for f in inputs.files for row in pq.read_table(f).to_pylist()]
+    produced = [r for r in rows if r["api_name"] == "Produce"]
+    assert len(produced) == SPREAD_CONNECTIONS
+    # Connection ids never collide: worker w numbers its connections w+1, w+1+2, ...
+    for f in inputs.files:
+        worker = int(os.path.basename(f).split("-w")[1][0])
+        ids = {r["connection_id"] for r in pq.read_table(f).to_pylist()}
+        assert ids and all(i % 2 == (worker + 1) % 2 for i in ids), (f, ids)
+    assert len({r["connection_id"] for r in produced}) == SPREAD_CONNECTIONS
+    # `kproxy capture stats DIR` reads every worker's files as one capture.
+    from kproxy.observers.capture.cli import compute_stats, read_rows
+    summary = compute_stats(read_rows(str(directory), None), 10)
+    assert summary["apis"]["Produce"]["pairs"] == summary["connections"] == SPREAD_CONNECTIONS
+
+
+def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
+    before = proxy.metrics()
+    victim = proxy.workers()[1]
+    os.kill(victim["pid"], signal.SIGKILL)
+    # Connections the kernel had queued for the dead worker die with it (as with one process);
+    # once the supervisor has seen it go, every new connection reaches the other worker.
+    deadline = time.monotonic() + 10
+    while proxy.workers()[1]["state"] == "serving" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proxy.workers()[1]["state"] == "restarting"
+    for i in range(10):                           # the other worker serves meanwhile
+        with RawClient(proxy.bootstrap) as client:
+            client.produce(topic, b"during restart %d" % i)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        worker = proxy.workers()[1]
+        if worker["state"] == "serving" and worker["pid"] != victim["pid"]:
+            break
+        time.sleep(0.2)
+    assert worker["state"] == "serving" and worker["restarts"] == 1, worker
+    assert "SIGKILL" in worker["last_exit"]
+    after = proxy.metrics()
+    assert value(after, "kproxy_worker_restarts_total") == 1
+    # What the dead worker had counted stays in the sum: the counter does not go back.
+    assert value(after, "kproxy_requests_total", api="Produce") >= \
+        value(before, "kproxy_requests_total", api="Produce") + 10
+    assert proxy.get("/readyz")[0] == 200
+    assert "died after" in proxy.log.read_text()
+
+
+def test_sigterm_drains_a_request_in_flight_then_exits_zero(kafka_cluster, node_ids, tmp_path, topic):
+    workers = Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path)
+    try:
+        workers.wait_ready()
+        with RawClient(workers.bootstrap) as client:
+            client.produce(topic, b"before the long poll")
+            # A long poll past the end of the partition: the broker answers after max_wait_ms.
+            offsets = client.request(2, 1, new_body("request", 2, 1, replica_id=-1, topics=[
+                Struct(name=topic, partitions=[Struct(partition_index=0, timestamp=-1)])]))
+            end = offsets.topics[0].partitions[0].offset
+            fetch = new_body("request", 1, 4, replica_id=-1, max_wait_ms=2000, min_bytes=1,
+                             max_bytes=1 << 20, topics=[Struct(topic=topic, partitions=[
+                                 Struct(partition=0, fetch_offset=end, partition_max_bytes=1 << 20)])])
+            correlation_id = client.send(1, 4, fetch)
+            time.sleep(0.3)                        # the Fetch is with the broker
+            started = time.monotonic()
+            workers.process.send_signal(signal.SIGTERM)
+            response = client.receive(1, 4)        # answered, not cut off
+            assert response.correlation_id == correlation_id
+            assert response.body.responses[0].partitions[0].error_code == 0
+            assert client.sock.recv(1) == b""      # then closed by the drain
+        assert workers.process.wait(30) == 0
+        assert time.monotonic() - started < 15
+    finally:
+        workers.stop()
+
+
+def test_a_taken_port_stops_start_with_one_line_naming_it(kafka_cluster, node_ids, tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        workers = Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path,
+                          listen_port=taken.getsockname()[1])
+        try:
+            assert workers.process.wait(START_TIMEOUT_S) == 1
+        finally:
+            workers.stop()
+    finally:
+        taken.close()
+    output = workers.log.read_text()
+    assert "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
+    assert len(lines) == 1 and "cannot start: worker" in lines[0] \
+        and "Address already in use" in lines[0], output
+
+
+def test_a_worker_that_keeps_dying_stops_everything_with_one_line(tmp_path):
+    """Three quick deaths in a row: a restart loop would only hide the cause."""
+    workers = Workers("127.0.0.1:1", [1], tmp_path)      # no broker needed to start
+    killed = set()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while workers.process.poll() is None and time.monotonic() < deadline:
+            try:
+                worker = workers.workers()[0]
+            except (OSError, ValueError):                 # the admin listener not up yet, or gone
+                worker = None
+            if worker and worker["state"] == "serving" and worker["pid"] not in killed:
+                os.kill(worker["pid"], signal.SIGKILL)
+                killed.add(worker["pid"])
+            time.sleep(0.05)
+        assert workers.process.wait(30) == 1
+    finally:
+        workers.stop()
+    assert len(killed) == 3
+    output = workers.log.read_text()
+    assert "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
+    assert len(lines) == 1 and "worker 0 died 3 times in a row" in lines[0], output
