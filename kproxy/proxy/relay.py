@@ -133,38 +133,61 @@ def unreachable_log_budget() -> LogBudget:
 
 
 # sys.getrefcount of an arena's buffer inside ``ReadArena.room`` when nothing else holds
-# it: the attribute, the local name, the call's argument.
+# it: the attribute (or the spare list), the local name, the call's argument.
 _UNSHARED_REFS = 3
+# Buffers an arena keeps for reuse once whoever still refers to them (the tracker
+# gathering a large frame out of several reads, a transport that could not send them at
+# once, an observer) lets go: a fresh one costs a zero fill of READ_CHUNK, and a frame
+# spanning reads holds one per read. At most this many (a MiB) sit unused per listener.
+ARENA_SPARES = 4
 
 
 class ReadArena:
     """Where reads land: one buffer for every connection of a listener (one event loop).
 
     A read gets the free end of the buffer; its bytes are handed on as a
-    ``memoryview`` of it, which the tracker copies what it keeps of and a
-    transport may keep while it cannot send them yet. The buffer is reused
-    from the start as soon as nothing refers to it any more (the usual case:
-    the other socket took the bytes at once), else the next read goes after
-    the last one, and a fresh buffer is started when too little is left: bytes
-    are never overwritten while anything can still see them, and never copied
-    to keep them safe. The loop calls ``get_buffer``/``buffer_updated`` of one
-    read back to back, so reads of different connections never interleave.
+    ``memoryview`` of it, which the tracker keeps (large frames are views of
+    the reads they came in) and a transport may keep while it cannot send them
+    yet. The buffer is reused from the start as soon as nothing refers to it
+    any more (the usual case: the other socket took the bytes at once), else
+    the next read goes after the last one, and another buffer is taken when too
+    little is left: a spare that nothing refers to any more, or a fresh one.
+    Bytes are never overwritten while anything can still see them, and never
+    copied to keep them safe. The loop calls ``get_buffer``/``buffer_updated``
+    of one read back to back, so reads of different connections never interleave.
     """
 
-    __slots__ = ("_buffer", "_offset")
+    __slots__ = ("_buffer", "_offset", "_spares")
 
     def __init__(self):
         self._buffer: bytearray | None = None
         self._offset = 0
+        self._spares: list[bytearray] = []      # earlier buffers, still referred to when left
 
     def room(self) -> memoryview:
         buffer = self._buffer
         if buffer is not None and sys.getrefcount(buffer) == _UNSHARED_REFS:
             self._offset = 0                     # nobody can see earlier reads any more
         elif buffer is None or len(buffer) - self._offset < MIN_READ_ROOM:
-            buffer = self._buffer = bytearray(READ_CHUNK)
+            buffer = self._buffer = self._another(buffer)
             self._offset = 0
         return memoryview(buffer)[self._offset:]
+
+    def _another(self, full: bytearray | None) -> bytearray:
+        """A buffer nothing refers to: a spare, or a new one; ``full`` becomes a spare."""
+        spares = self._spares
+        free = None
+        for spare in spares:                     # (not enumerate: its tuple is one more reference)
+            if sys.getrefcount(spare) == _UNSHARED_REFS:
+                free = spare
+                break
+        if free is not None:
+            spares[:] = [spare for spare in spares if spare is not free]   # (remove() compares contents)
+        if full is not None:
+            if len(spares) >= ARENA_SPARES:
+                spares.pop(0)                    # the oldest: likeliest to be held longest
+            spares.append(full)
+        return free if free is not None else bytearray(READ_CHUNK)
 
     def filled(self, nbytes: int) -> None:
         self._offset += nbytes
