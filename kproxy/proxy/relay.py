@@ -2,8 +2,9 @@
 
 With ``server.py``, the only code that touches sockets. Each socket is an
 ``Endpoint`` (an ``asyncio.BufferedProtocol``): the event loop reads straight
-into a ``ReadArena`` that all connections of a listener share, and the bytes
-go from there to the tracker and, uncopied, to the other socket's transport.
+into a ``ReadArena`` that all connections of an event loop share (or, for the
+rest of a large frame, into the buffer the tracker assembles it in), and the
+bytes go from there to the tracker and, uncopied, to the other socket's transport.
 Client bytes are forwarded as soon as they are read; broker bytes go through
 the tracker's ``relay_broker``, which passes everything on at once except
 responses that may carry broker addresses, which it holds until complete and
@@ -26,7 +27,7 @@ observers can decode it), i.e. at most ``max_frame_size`` per direction, and
 all connections' incomplete frames together by the ``BufferBudget`` (beyond it
 the sides holding them are no longer read, all but one); a streaming header walk
 for large pass-through frames would lower that. An idle connection holds no read
-buffer at all (the arena is the listener's). One client cannot monopolize the
+buffer at all (the arena is the event loop's). One client cannot monopolize the
 loop either: it is not read with ``MAX_IN_FLIGHT_PER_CONNECTION`` requests
 unanswered, and its events reach observers a bounded step at a time.
 
@@ -84,6 +85,9 @@ REQUEST_DEADLINE_S = 120.0
 # not an out-of-memory kill. A quarter of the container's memory limit where one is
 # set (the rest: the interpreter, observers' queues, transports' write buffers), else this.
 DEFAULT_BUFFER_BUDGET = 256 * 1024 * 1024
+# Of that, what frames assembled in place (a buffer allocated whole when the frame starts,
+# reads landing straight in it) may have allocated and not yet received.
+ASSEMBLY_SHARE = 0.25
 CONTAINER_MEMORY_LIMIT_FILES = ("/sys/fs/cgroup/memory.max",                    # cgroup v2
                                 "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v1
 
@@ -144,6 +148,11 @@ _UNSHARED_REFS = 3
 # once, an observer) lets go: a fresh one costs a zero fill of READ_CHUNK, and a frame
 # spanning reads holds one per read. At most this many (a MiB) sit unused per listener.
 ARENA_SPARES = 4
+# Buffers large frames were assembled in (see Connection's ``assemble``), kept for the next
+# ones once nothing refers to them (a fresh one costs a zero fill and page faults), at most
+# this many, and none bigger than FRAME_SPARE_MAX_BYTES (rarer frames are not worth holding).
+FRAME_SPARES = 4
+FRAME_SPARE_MAX_BYTES = 4 * 1024 * 1024
 
 
 class ReadArena:
@@ -161,12 +170,13 @@ class ReadArena:
     of one read back to back, so reads of different connections never interleave.
     """
 
-    __slots__ = ("_buffer", "_offset", "_spares")
+    __slots__ = ("_buffer", "_offset", "_spares", "_frames")
 
     def __init__(self):
         self._buffer: bytearray | None = None
         self._offset = 0
         self._spares: list[bytearray] = []      # earlier buffers, still referred to when left
+        self._frames: list[bytearray] = []      # buffers large frames were assembled in
 
     def room(self) -> memoryview:
         buffer = self._buffer
@@ -196,6 +206,20 @@ class ReadArena:
     def filled(self, nbytes: int) -> None:
         self._offset += nbytes
 
+    def frame_buffer(self, nbytes: int) -> bytearray:
+        """A buffer of at least ``nbytes`` (at most twice that) to assemble a large frame in:
+        an earlier one nothing refers to any more, or a fresh one (then kept for reuse)."""
+        frames = self._frames
+        for spare in frames:                     # (not enumerate: its tuple is one more reference)
+            if nbytes <= len(spare) <= 2 * nbytes and sys.getrefcount(spare) == _UNSHARED_REFS:
+                return spare
+        buffer = bytearray(nbytes)
+        if nbytes <= FRAME_SPARE_MAX_BYTES:
+            if len(frames) >= FRAME_SPARES:
+                frames.pop(0)
+            frames.append(buffer)
+        return buffer
+
 
 class Endpoint(asyncio.BufferedProtocol):
     """One socket of a proxied connection (the client's or the broker's)."""
@@ -210,9 +234,11 @@ class Endpoint(asyncio.BufferedProtocol):
         self.lost = False
         self._on_accept = on_accept
         self._room: memoryview | None = None
+        self._in_place = False                   # that room is the tracker's, not the arena's
         self.read_limit = READ_CHUNK             # most bytes one read may take
         self._paused_for: set[str] = set()
         self.held = 0                            # bytes of this side's incomplete frame (for the budget)
+        self.reserved = 0                        # bytes allocated for it that have not arrived
         self._early: list[bytes] = []            # client bytes read before the relay was linked
         self._early_eof = False
 
@@ -224,7 +250,12 @@ class Endpoint(asyncio.BufferedProtocol):
             self.task = asyncio.get_running_loop().create_task(self._on_accept(self))
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        room = self.arena.room()
+        # A large frame being assembled takes the read in place; else the arena does.
+        relay = self.relay
+        room = relay.tracker.room(self.side) if relay is not None else None
+        self._in_place = room is not None
+        if room is None:
+            room = self.arena.room()
         if len(room) > self.read_limit:
             room = room[:self.read_limit]
         self._room = room
@@ -233,7 +264,8 @@ class Endpoint(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         data = self._room[:nbytes]
         self._room = None
-        self.arena.filled(nbytes)
+        if not self._in_place:
+            self.arena.filled(nbytes)
         relay = self.relay
         if relay is None:                        # still connecting upstream: keep it, stop reading
             self._early.append(bytes(data))
@@ -326,6 +358,8 @@ class BufferBudget:
     def __init__(self, limit: int):
         self.limit = limit
         self.held = 0
+        self.reserved = 0                        # allocated for frames assembled, not arrived yet
+        self._reservations: dict[Endpoint, int] = {}
         self.reading: set[Endpoint] = set()      # holders still read
         self.waiting: set[Endpoint] = set()      # holders paused for the budget
 
@@ -348,10 +382,24 @@ class BufferBudget:
         if freed:
             self._release()
 
+    def admits(self, frame_bytes: int) -> bool:
+        """Whether a large frame may be assembled in a buffer of its own, allocated before its
+        bytes arrive: only while all such allocations stay within ``ASSEMBLY_SHARE`` of the
+        limit. A peer that announces big frames and sends nothing then costs kproxy no more
+        than that, and never pauses anyone (reservations are not ``held``); past it, frames
+        are gathered as they arrive (one more copy of each)."""
+        return self.reserved + frame_bytes <= self.limit * ASSEMBLY_SHARE
+
+    def reserve(self, endpoint: Endpoint, reserved: int) -> None:
+        self.reserved += reserved - self._reservations.pop(endpoint, 0)
+        if reserved:
+            self._reservations[endpoint] = reserved
+
     def forget(self, endpoint: Endpoint) -> None:
         """The connection closed: its frames are gone."""
         self.held -= endpoint.held
         endpoint.held = 0
+        self.reserved -= self._reservations.pop(endpoint, 0)
         self.reading.discard(endpoint)
         self.waiting.discard(endpoint)
         self._release()
@@ -461,8 +509,13 @@ class Relay:
             else:
                 self._from_broker(data)
                 held = self.tracker.buffered - self.tracker.client_partial
-            if held != endpoint.held and self.close_reason is None:
-                self.budget.update(endpoint, held)
+            if self.close_reason is None:
+                if held != endpoint.held:
+                    self.budget.update(endpoint, held)
+                reserved = self.tracker.reserved(endpoint.side)
+                if reserved != endpoint.reserved:
+                    endpoint.reserved = reserved
+                    self.budget.reserve(endpoint, reserved)
         except Exception as exc:                 # noqa: BLE001 - a bug must close one connection, not the loop
             log.exception("conn=%d relaying failed", self.info.id if self.info else 0)
             self.finish(f"internal error: {type(exc).__name__}: {exc}")
@@ -655,10 +708,15 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
         return
     relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened,
                                 certificate_subject(client.get_extra_info("peercert")))
+    relay.budget = budget = loop_buffer_budget()
+    arena = client.arena
+
+    def assemble(nbytes: int) -> bytearray | None:
+        return arena.frame_buffer(nbytes) if budget.admits(nbytes) else None
+
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
-                               transform=policy.transform)
+                               transform=policy.transform, assemble=assemble)
     relay.observers = policy.observers
-    relay.budget = loop_buffer_budget()
     for endpoint in (client, broker):
         endpoint.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
     log.info("conn=%d open client=%s:%d listener=%s upstream=%s:%d",
