@@ -146,7 +146,7 @@ _UNSHARED_REFS = 3
 # Buffers an arena keeps for reuse once whoever still refers to them (the tracker
 # gathering a large frame out of several reads, a transport that could not send them at
 # once, an observer) lets go: a fresh one costs a zero fill of READ_CHUNK, and a frame
-# spanning reads holds one per read. At most this many (a MiB) sit unused per listener.
+# spanning reads holds one per read. At most this many (4 MiB) sit unused per event loop.
 ARENA_SPARES = 4
 # Buffers large frames were assembled in (see Connection's ``assemble``), kept for the next
 # ones once nothing refers to them (a fresh one costs a zero fill and page faults), at most
