@@ -25,10 +25,22 @@ def test_a_read_nobody_kept_is_overwritten_by_the_next():
 
 def test_a_kept_read_is_never_overwritten():
     arena = ReadArena()
-    kept = [read(arena, bytes([i]) * 20_000) for i in range(40)]    # ~800 KB: several buffers
+    kept = [read(arena, bytes([i % 256]) * 20_000) for i in range(2 * READ_CHUNK // 20_000)]   # 2 buffers' worth
     for i, data in enumerate(kept):
-        assert bytes(data) == bytes([i]) * 20_000
+        assert bytes(data) == bytes([i % 256]) * 20_000
     assert len({id(d.obj) for d in kept}) > 1                       # fresh buffers were started
+
+
+def test_a_full_buffer_let_go_is_taken_again_rather_than_a_fresh_one():
+    arena = ReadArena()
+    almost_all = READ_CHUNK - MIN_READ_ROOM + 1        # leaves too little room for another read
+    first = read(arena, b"a" * almost_all)
+    first_buffer = id(first.obj)
+    second = read(arena, b"b" * almost_all)             # first is still held: another buffer
+    assert id(second.obj) != first_buffer
+    del first                                           # ... now nothing refers to the first one
+    third = read(arena, b"c" * 1000)                    # second still held, too little room left
+    assert id(third.obj) == first_buffer and bytes(second[:1]) == b"b"
 
 
 def test_every_read_gets_at_least_the_minimum_room():

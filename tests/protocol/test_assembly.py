@@ -1,0 +1,104 @@
+"""Large frames assembled in a buffer of their own (``Connection(assemble=...)``): reads that
+land in place (``room``), bytes copied in, or no assembly at all give the same frames, the
+same events and the same bytes forwarded."""
+
+import struct
+
+from hypothesis import given, settings, strategies as st
+
+from kproxy.protocol import Struct
+from kproxy.protocol.connection import ZERO_COPY_FRAME_BYTES, Connection
+
+from .test_connection import request_bytes, response_bytes
+
+BIG = ZERO_COPY_FRAME_BYTES * 3 // 2
+
+
+def client_stream() -> bytes:
+    """Requests: large Produces (v9, records as opaque bytes) between small Metadata requests."""
+    out = b""
+    for cid in range(1, 7):
+        if cid % 2:
+            out += request_bytes(0, 9, cid, acks=-1, transactional_id=None, timeout_ms=1000,
+                                 topic_data=[Struct(name="t", partition_data=[
+                                     Struct(index=0, records=bytes([cid]) * (BIG + cid))])])
+        else:
+            out += request_bytes(3, 12, cid, topics=None)
+    return out
+
+
+def broker_stream() -> bytes:
+    """The answers: Produce answers are small, Metadata answers are padded to large frames
+    with a large cluster id."""
+    out = b""
+    for cid in range(1, 7):
+        if cid % 2:
+            out += response_bytes(0, 9, cid, responses=[])
+        else:
+            out += response_bytes(3, 12, cid, cluster_id="c" * (BIG + cid))
+    return out
+
+
+def run(cuts: list[int], mode: str) -> tuple[list, list, bytes]:
+    """Feed both streams in reads cut at ``cuts``: ``none`` (no assembly), ``copy`` (assembled,
+    bytes handed over as reads), ``in_place`` (assembled, reads landing in ``room``); the
+    buffers given are longer than the frames, as reused ones may be."""
+    conn = Connection(assemble=None if mode == "none" else (lambda size: bytearray(size + 7)),
+                      hold=lambda key, version: key == 3)
+    events, forwarded = [], b""
+    for direction, stream in (("client", client_stream()), ("broker", broker_stream())):
+        pos, i = 0, 0
+        while pos < len(stream):
+            n = min(cuts[i % len(cuts)], len(stream) - pos)
+            i += 1
+            room = conn.room(direction) if mode == "in_place" else None
+            if room is not None:
+                n = min(n, len(room))
+                room[:n] = stream[pos:pos + n]
+                data = room[:n]
+            else:
+                data = stream[pos:pos + n]
+            pos += n
+            if direction == "client":
+                events += conn.receive_client(data)
+            else:
+                new, out = conn.relay_broker(data)
+                events += new
+                forwarded += b"".join(bytes(chunk) for chunk in out)
+    assert conn.buffered == 0 and conn.reserved("client") == conn.reserved("broker") == 0
+    frames = [bytes(e.frame) for e in events]
+    summary = [(type(e).__name__, e.api_key, e.correlation_id) for e in events]
+    return frames, summary, forwarded
+
+
+@settings(max_examples=30, deadline=None)
+@given(cuts=st.lists(st.one_of(st.integers(1, 9), st.integers(1000, 3 * ZERO_COPY_FRAME_BYTES)),
+                     min_size=1, max_size=12).filter(lambda cuts: sum(cuts) >= 1000 * len(cuts) // 2))
+def test_assembled_frames_are_the_frames_gathered_otherwise(cuts):
+    expected = run(cuts, "none")
+    assert expected[2] == broker_stream()                   # nothing rewritten: all forwarded
+    assert run(cuts, "copy") == expected
+    assert run(cuts, "in_place") == expected
+
+
+def test_a_read_in_place_is_not_copied_and_the_frame_is_its_buffer():
+    conn = Connection(assemble=lambda size: bytearray(size))
+    stream = client_stream()
+    first = struct.unpack_from(">i", stream)[0] + 4
+    conn.receive_client(stream[:100])                       # the first large frame begins
+    assert conn.room("client") is not None and conn.reserved("client") == first - 100
+    room = conn.room("client")
+    room[:first - 100] = stream[100:first]
+    [event] = conn.receive_client(room[:first - 100])
+    assert event.frame.obj is room.obj                      # the frame is the buffer read into
+    assert bytes(event.frame) == stream[4:first]
+    assert conn.room("client") is None and conn.reserved("client") == 0
+
+
+def test_assembly_refused_gathers_the_frame_as_it_comes():
+    asked = []
+    conn = Connection(assemble=lambda size: asked.append(size))
+    stream = client_stream()
+    conn.receive_client(stream[:100])
+    assert asked == [struct.unpack_from(">i", stream)[0] + 4]
+    assert conn.room("client") is None and conn.reserved("client") == 0 and conn.buffered == 100
