@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kproxy.embedded import recv_exactly
 from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
 from kproxy.protocol.records import Record, build_batch
 from tests.proxy.harness import free_ports
@@ -145,16 +146,6 @@ def topic(proxy) -> str:
     return name
 
 
-def _read_exactly(sock, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return bytes(data)
-
-
 class RawClient:
     """One connection, requests sent one at a time: every request and byte accounted for."""
 
@@ -178,7 +169,7 @@ class RawClient:
         return self.correlation_id
 
     def receive(self, api_key: int, version: int):
-        frame = _read_exactly(self.sock, int.from_bytes(_read_exactly(self.sock, 4), "big"))
+        frame = recv_exactly(self.sock, int.from_bytes(recv_exactly(self.sock, 4), "big"))
         return decode_response(frame, api_key, version)
 
     def request(self, api_key: int, version: int, body):
