@@ -28,7 +28,7 @@ from .observers.metrics import Metrics
 from .proxy.admin import AdminServer, ScrapeBusy, SharedRender
 from .proxy.live_web import LiveRoutes
 from .proxy.probes import READY_WAIT_S, LoopHeartbeat, ProbeListener, on_loop
-from .proxy.relay import Observer
+from .proxy.relay import Observer, worker_ids
 from .proxy.server import Proxy
 
 log = logging.getLogger("kproxy")
@@ -63,7 +63,7 @@ class Runtime:
                                unbound_listeners=lambda: len(self.proxy.unbound))
         # Record data in the live page only when the operator allows it in capture files.
         self.live = LiveView(include_record_data=config.capture_allow_record_data,
-                             instance_name=config.instance_name)
+                             instance_name=config.instance_name, pair_ids=worker_ids())
         self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *observers])
         self.admin = AdminServer({
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,

@@ -238,6 +238,9 @@ def test_summed_metrics_equal_what_raw_clients_sent(proxy, topic):
     per_worker = [value(m, "kproxy_requests_total", api="Produce") for m in proxy.per_worker_metrics()]
     assert sum(per_worker) == value(after, "kproxy_requests_total", api="Produce")
     assert value(after, "kproxy_workers") == 2 and value(after, "kproxy_workers_up") == 2
+    from kproxy.observers.metrics import SupervisorMetrics     # every supervisor series is served
+    assert {s.name for f in SupervisorMetrics(2).registry.collect() for s in f.samples} <= \
+        {name for name, _ in after}
     assert ("process_resident_memory_bytes", (("worker", "1"),)) in after
 
 
@@ -275,12 +278,12 @@ def test_health_readiness_and_the_live_page_name_every_worker(proxy):
         status, body = proxy.get(path, token=None, base=proxy.probes)
         assert status == 200 and b"worker 0:" in body and b"worker 1:" in body, body
     assert proxy.get("/live/overview", token=None)[0] == 401
-    status, body = proxy.get("/live/overview")
-    assert status == 200 and "worker 0 of 2" in json.loads(body)["notice"]
-    assert proxy.get("/")[0] == 200                              # the page itself, passed through
+    status, body = proxy.get("/live/overview")                  # merged from both (no notice)
+    assert status == 200 and json.loads(body)["workers"] == 2 and "notice" not in json.loads(body)
+    assert proxy.get("/")[0] == 200                              # the page itself
     stream = urllib.request.Request(proxy.admin + "/live/stream",
                                     headers={"Authorization": f"Bearer {TOKEN}"})
-    with urllib.request.urlopen(stream, timeout=20) as response:  # server-sent events, passed on
+    with urllib.request.urlopen(stream, timeout=20) as response:  # server-sent events, merged
         assert response.headers["Content-Type"] == "text/event-stream"
         assert response.readline().startswith(b"event: status")
 
