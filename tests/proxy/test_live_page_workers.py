@@ -1,7 +1,7 @@
 """The live page of ``kproxy run --workers 2`` in a real browser: every worker's traffic on it.
 
 The supervisor subprocess in front of the real broker; raw clients (one Produce per
-connection, so the kernel spreads them over both proxy) are the witnesses, and
+connection, so the kernel spreads them over both workers) are the witnesses, and
 each worker's private /metrics says where they landed. Headless Chromium opens the
 supervisor's page as a person would; a worker killed meanwhile rejoins the page
 once restarted.
@@ -15,10 +15,7 @@ import shutil
 import signal
 import socket
 import time
-import uuid
 from types import SimpleNamespace
-
-import pytest
 
 from tests.proxy.test_live_page import WAIT_MS, open_page, wait_until
 from tests.proxy.test_workers_e2e import TOKEN, RawClient, value
