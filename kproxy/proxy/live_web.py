@@ -32,7 +32,8 @@ from ..observers.live import LiveView, ViewerFilter, encode_rows
 
 WEB_DIR = Path(__file__).with_name("web")
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-                ".css": "text/css; charset=utf-8", ".png": "image/png"}
+                ".css": "text/css; charset=utf-8", ".png": "image/png",
+                ".svg": "image/svg+xml"}
 STREAM_TICK_S = 0.25          # rows reach the page at most this late; batching keeps writes few
 STATUS_EVERY_S = 1.0
 # A viewer whose socket has accepted nothing for this long has gone or stalled: its stream ends.
