@@ -213,6 +213,8 @@ class ProbeProcess:
     ``start`` raises ``OSError`` with the child's one line when it cannot bind. The child
     stops when its stdin (a pipe only this process holds) closes: at ``stop``, or when
     this process dies however it dies (SIGKILL included), so it is never left behind.
+    (Not PR_SET_PDEATHSIG: that fires when the *thread* that started the child ends, and
+    kproxy starts it from a worker thread.)
     """
 
     routes = PROBE_PATHS

@@ -125,7 +125,7 @@ def test_probes_are_answered_while_a_scrape_storm_is_in_flight(kafka_cluster):
 
 
 def test_healthz_turns_503_when_the_event_loop_is_blocked():
-    """The probe thread answers while the loop is blocked, and says it is: 503 past the
+    """The probe process answers while the loop is blocked, and says it is: 503 past the
     heartbeat's limit, and /readyz 503 when the loop cannot run the broker check; both
     well before the loop turns again. Then 200 again."""
     block_s = 2 * READY_WAIT_S + 2

@@ -274,6 +274,9 @@ def test_health_readiness_and_the_live_page_name_every_worker(proxy):
     for path in ("/readyz", "/healthz"):       # the probe port is the supervisor's alone
         status, body = proxy.get(path, token=None, base=proxy.probes)
         assert status == 200 and b"worker 0:" in body and b"worker 1:" in body, body
+    # A slot per worker on the probe board, each posted by its own worker.
+    body = proxy.get("/healthz", token=None, base=proxy.probes)[1].decode()
+    assert body == "".join(f"worker {w['index']}: ok (pid {w['pid']})\n" for w in proxy.workers()), body
     assert proxy.get("/live/overview", token=None)[0] == 401
     status, body = proxy.get("/live/overview")
     assert status == 200 and "worker 0 of 2" in json.loads(body)["notice"]
@@ -327,6 +330,10 @@ def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
     while proxy.workers()[1]["state"] == "serving" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proxy.workers()[1]["state"] == "restarting"
+    # Its probe slot was reset as it died: no answer in the dead worker's name, and no
+    # stall to restart the pod for (a worker being restarted is the supervisor's job).
+    status, body = proxy.get("/healthz", token=None, base=proxy.probes)
+    assert status == 200 and f"pid {victim['pid']}" not in body.decode(), body
     for i in range(10):                           # the other worker serves meanwhile
         with RawClient(proxy.bootstrap) as client:
             client.produce(topic, b"during restart %d" % i)
@@ -338,6 +345,8 @@ def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
         time.sleep(0.2)
     assert worker["state"] == "serving" and worker["restarts"] == 1, worker
     assert "SIGKILL" in worker["last_exit"]
+    status, body = proxy.get("/healthz", token=None, base=proxy.probes)      # its successor posts
+    assert status == 200 and f"worker 1: ok (pid {worker['pid']})" in body.decode(), body
     after = proxy.metrics()
     assert value(after, "kproxy_worker_restarts_total") == 1
     # What the dead worker had counted stays in the sum: the counter does not go back.
