@@ -76,7 +76,7 @@ class Board:
         fd = os.memfd_create("kproxy-probe-board")                  # close-on-exec
         os.ftruncate(fd, _HEADER_BYTES + slots * _SLOT_BYTES)      # zeros: nothing written
         board = cls(fd, slots)
-        _HEADER.pack_into(board._map, 0, _MAGIC, slots)
+        board._map[:_HEADER.size] = _HEADER.pack(_MAGIC, slots)
         return board
 
     @classmethod
@@ -84,7 +84,7 @@ class Board:
         """The board behind ``fd`` (passed by its creator), which must have ``slots`` slots."""
         if os.fstat(fd).st_size == _HEADER_BYTES + slots * _SLOT_BYTES:
             board = cls(fd, slots)
-            if _HEADER.unpack_from(board._map, 0) == (_MAGIC, slots):
+            if _HEADER.unpack(board._map[:_HEADER.size]) == (_MAGIC, slots):
                 return board
             board._map.close()
         raise ValueError(f"descriptor {fd} is not a probe board of {slots} slots")
@@ -100,26 +100,30 @@ class Board:
 
     # ------------------------------------------------------------ seqlocked records
 
+    # Every store and load below is a slice of the map (one memcpy of bytes packed beforehand),
+    # never struct.pack_into/unpack_from on the map itself: pack_into zeroes its target before
+    # filling it in, and a reader in another process would see that zero sequence number.
+
     def _write(self, offset: int, payload: bytes) -> None:
-        seq, = _SEQ.unpack_from(self._map, offset)
+        seq_end = offset + _SEQ.size
+        seq, = _SEQ.unpack(self._map[offset:seq_end])
         begin = seq + 1 if seq % 2 == 0 else seq + 2            # odd: being written
-        _SEQ.pack_into(self._map, offset, begin)
-        end = offset + _FRAME.size
-        self._map[end:end + len(payload)] = payload
-        struct.pack_into("<II", self._map, offset + _SEQ.size, zlib.crc32(payload), len(payload))
-        _SEQ.pack_into(self._map, offset, begin + 1)
+        self._map[offset:seq_end] = _SEQ.pack(begin)
+        self._map[seq_end:seq_end + _FRAME.size - _SEQ.size + len(payload)] = \
+            struct.pack("<II", zlib.crc32(payload), len(payload)) + payload
+        self._map[offset:seq_end] = _SEQ.pack(begin + 1)
 
     def _read(self, offset: int, limit: int) -> bytes | None:
         """The record's payload (b"" if never written), or None if no whole read succeeded."""
-        start = offset + _FRAME.size
+        start, seq_end = offset + _FRAME.size, offset + _SEQ.size
         for _ in range(READ_ATTEMPTS):
-            seq, crc, length = _FRAME.unpack_from(self._map, offset)
+            seq, crc, length = _FRAME.unpack(self._map[offset:start])
             if seq == 0:
                 return b""
             if seq % 2 or length > limit:
                 continue
             payload = self._map[start:start + length]
-            if _SEQ.unpack_from(self._map, offset)[0] == seq and zlib.crc32(payload) == crc:
+            if self._map[offset:seq_end] == _SEQ.pack(seq) and zlib.crc32(payload) == crc:
                 return payload
         return None
 
