@@ -5,12 +5,14 @@ the proxy's interpreter lock, so it cannot ask the proxy's objects: it reads thi
 board instead. One slot per proxy process (one without workers, N with
 ``--workers N``), each written by that process's event loop alone, and a request
 field per slot written by the probe process alone ("a probe wants a readiness
-answer newer than this"). Times are ``time.monotonic()``: CLOCK_MONOTONIC is
-system-wide on Linux, so a time written by one process is comparable in another.
+answer newer than this"), with an eventfd per slot to wake that slot's event loop
+at once rather than at its next heartbeat. Times are ``time.monotonic()``:
+CLOCK_MONOTONIC is system-wide on Linux, so a time written by one process is
+comparable in another.
 
-The memory is a ``memfd`` (no file left behind by a kill): its descriptor goes to
-the probe process with ``subprocess.Popen(pass_fds=...)`` and to workers inside
-multiprocessing's arguments (``Board.__reduce__``). Every record is a seqlock
+The memory is a ``memfd`` (no file left behind by a kill): its descriptor and the
+eventfds go to the probe process with ``subprocess.Popen(pass_fds=...)`` and to
+workers inside multiprocessing's arguments (``Board.__reduce__``). Every record is a seqlock
 (odd while being written; a reader retries until it reads the same even number
 before and after) with a CRC32 of the payload, so a reader never takes a torn or
 half-ordered write for an answer. Stdlib only: the probe process imports this.
@@ -59,44 +61,52 @@ class SlotState:
         return self.beat > 0.0
 
 
-def _attach_passed(duplicated, slots: int) -> "Board":
-    return Board(duplicated.detach(), slots)
+def _attach_passed(duplicated: list) -> "Board":
+    memory, *wakers = (fd.detach() for fd in duplicated)
+    return Board.attach(memory, wakers)
 
 
 class Board:
-    """``Board.create(slots)`` in the process that owns it; the others get the descriptor."""
+    """``Board.create(slots)`` in the process that owns it; the others get its descriptors
+    (``descriptors``: the memory's, then one eventfd per slot) and ``attach``."""
 
-    def __init__(self, fd: int, slots: int):
-        self.fd, self.slots = fd, slots
-        self._map = mmap.mmap(fd, _HEADER_BYTES + slots * _SLOT_BYTES)
+    def __init__(self, fd: int, wakers: list[int]):
+        self.fd, self.wakers, self.slots = fd, wakers, len(wakers)
+        self._map = mmap.mmap(fd, _HEADER_BYTES + self.slots * _SLOT_BYTES)
         self._last: dict[int, SlotState] = {}   # per slot, the last state read whole
 
     @classmethod
     def create(cls, slots: int) -> "Board":
         fd = os.memfd_create("kproxy-probe-board")                  # close-on-exec
         os.ftruncate(fd, _HEADER_BYTES + slots * _SLOT_BYTES)      # zeros: nothing written
-        board = cls(fd, slots)
+        board = cls(fd, [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(slots)])
         board._map[:_HEADER.size] = _HEADER.pack(_MAGIC, slots)
         return board
 
     @classmethod
-    def attach(cls, fd: int, slots: int) -> "Board":
-        """The board behind ``fd`` (passed by its creator), which must have ``slots`` slots."""
+    def attach(cls, fd: int, wakers: list[int]) -> "Board":
+        """The board behind ``fd`` and its slots' eventfds (passed by its creator)."""
+        slots = len(wakers)
         if os.fstat(fd).st_size == _HEADER_BYTES + slots * _SLOT_BYTES:
-            board = cls(fd, slots)
+            board = cls(fd, wakers)
             if _HEADER.unpack(board._map[:_HEADER.size]) == (_MAGIC, slots):
                 return board
             board._map.close()
         raise ValueError(f"descriptor {fd} is not a probe board of {slots} slots")
 
+    @property
+    def descriptors(self) -> tuple[int, ...]:
+        return (self.fd, *self.wakers)
+
     def __reduce__(self):
-        """Pickled into a spawned worker's arguments: the descriptor travels with them."""
+        """Pickled into a spawned worker's arguments: the descriptors travel with them."""
         from multiprocessing.reduction import DupFd
-        return _attach_passed, (DupFd(self.fd), self.slots)
+        return _attach_passed, ([DupFd(fd) for fd in self.descriptors],)
 
     def close(self) -> None:
         self._map.close()
-        os.close(self.fd)
+        for fd in self.descriptors:
+            os.close(fd)
 
     # ------------------------------------------------------------ seqlocked records
 
@@ -147,6 +157,13 @@ class Board:
         its successor posts; ``reason`` is the readiness answer meanwhile."""
         self.post(index, SlotState(reason=reason, checked_at=now))
 
+    def woken(self, index: int) -> None:
+        """Slot ``index``'s event loop read its wake-up (``wake``) and will look at the board."""
+        try:
+            os.eventfd_read(self.wakers[index])
+        except BlockingIOError:                  # nothing pending
+            pass
+
     def asked(self, index: int) -> float:
         """When a probe last asked for a readiness answer newer than what slot ``index`` has."""
         payload = self._read(self._slot(index) + _STATE_BYTES, _REQUEST.size)
@@ -167,5 +184,7 @@ class Board:
         return state
 
     def ask(self, index: int, at: float) -> None:
-        """Ask slot ``index``'s event loop for a readiness answer checked at ``at`` or later."""
+        """Ask slot ``index``'s event loop for a readiness answer checked at ``at`` or later,
+        and wake it (it also looks at every heartbeat, should no loop be listening now)."""
         self._write(self._slot(index) + _STATE_BYTES, _REQUEST.pack(at))
+        os.eventfd_write(self.wakers[index], 1)

@@ -8,7 +8,7 @@ header lines, and at most ``MAX_CONNECTIONS`` connections at once (the rest are
 closed unread). Request bodies are never read. It imports only the stdlib and
 the board, so it starts in tens of milliseconds and stays a few MB.
 
-Run by ``ProbeProcess`` as ``main([board fd, slots, host, port, read timeout])``:
+Run by ``ProbeProcess`` as ``main([board descriptors, host, port, read timeout])``:
 it prints ``listening HOST PORT`` once bound, or ``error WHY`` and exits 1, then
 serves until its stdin closes (its parent stopped it or died).
 """
@@ -134,7 +134,8 @@ async def serve(board: Board, host: str, port: int, read_timeout: float) -> int:
 
 
 def main(argv: list[str]) -> int:
-    fd, slots, host, port, read_timeout = argv
+    descriptors, host, port, read_timeout = argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # kproxy stops us in order
-    board = Board.attach(int(fd), int(slots))
+    memory, *wakers = map(int, descriptors.split(","))
+    board = Board.attach(memory, wakers)
     return asyncio.run(serve(board, host, int(port), float(read_timeout)))

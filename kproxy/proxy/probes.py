@@ -28,10 +28,10 @@ readiness (ready or not, why, and when that was established).
 - ``/readyz`` is the runtime's real check (starting, stopping, unbound listeners,
   then a broker's ApiVersions round trip, cached ``READINESS_CACHE_S``). An
   answer older than that is refreshed on demand: the probe process stamps "asked
-  at" in the slot, the loop's next heartbeat sees it and runs the check (the
-  loop owns every upstream connection), and posts the result. The probe waits at
-  most ``READY_WAIT_S`` for it; a loop that cannot check within that is reported
-  503 with its last answer and that answer's age.
+  at" in the slot and wakes the loop (the slot's eventfd; each heartbeat looks
+  too), which runs the check (the loop owns every upstream connection) and posts
+  the result. The probe waits at most ``READY_WAIT_S`` for it; a loop that cannot
+  check within that is reported 503 with its last answer and that answer's age.
 
 The admin port keeps its own ``/healthz`` (the same heartbeat, in process) and
 ``/readyz``. With ``--workers N`` the supervisor starts the probe process and
@@ -52,9 +52,9 @@ from .http_limits import READ_TIMEOUT_S
 from .probe_board import Board, SlotState
 
 # How often each proxy event loop posts its heartbeat and readiness: often enough that a
-# healthy loop is never mistaken for a stalled one and that a /readyz whose answer expired
-# waits little for the loop to notice, rarely enough to cost nothing (10 callbacks/s of a
-# few microseconds each).
+# healthy loop is never mistaken for a stalled one, rarely enough to cost nothing (10
+# callbacks/s of a few microseconds each). A probe wanting a fresh readiness answer wakes
+# the loop at once; a wake-up lost (a loop not listening yet) waits for the next beat.
 HEARTBEAT_INTERVAL_S = 0.1
 # /healthz fails once the loop has not turned for this long. Nothing kproxy does on the
 # loop takes more than milliseconds (rendering and capture run in threads); a loop silent
@@ -110,7 +110,13 @@ class LoopHeartbeat:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        if self._board is not None:
+            loop.add_reader(self._board.wakers[self._slot], self._woken)
         self._beat()
+
+    def _woken(self) -> None:
+        self._board.woken(self._slot)
+        self.post()
 
     def _beat(self) -> None:
         self.last = self.clock()
@@ -138,6 +144,8 @@ class LoopHeartbeat:
         if self._next is not None:
             self._next.cancel()
             self._next = None
+        if self._board is not None:
+            self._loop.remove_reader(self._board.wakers[self._slot])
         self.last = None
         self._board = None
 
@@ -232,9 +240,9 @@ class ProbeProcess:
 
     def start(self, board: Board, host: str, port: int) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _CHILD, str(board.fd), str(board.slots), host, str(port),
-             repr(self.read_timeout)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(board.fd,),
+            [sys.executable, "-I", "-S", "-c", _CHILD, ",".join(map(str, board.descriptors)), host,
+             str(port), repr(self.read_timeout)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=board.descriptors,
             process_group=0)              # a terminal's Ctrl-C is for kproxy, which stops it
         line = self._first_line()
         kind, _, detail = line.partition(" ")

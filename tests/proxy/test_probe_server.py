@@ -10,6 +10,7 @@ a fresh answer and serving it; and the limits slow or malformed callers meet.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -36,7 +37,8 @@ MAX_READS = 3_000_000
 WRITER = """
 import sys
 from kproxy.proxy.probe_board import Board, SlotState
-board = Board.attach(int(sys.argv[1]), 1)
+memory, waker = map(int, sys.argv[1].split(","))
+board = Board.attach(memory, [waker])
 n = 1
 while True:
     board.post(0, SlotState(n, n % 2 == 0, float(n), float(n), 5.0, str(n) * (1 + n % 97)))
@@ -61,7 +63,8 @@ def probes(board):
 
 def test_a_reader_never_sees_a_torn_slot():
     board = Board.create(1)
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(board.fd)], pass_fds=(board.fd,),
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, ",".join(map(str, board.descriptors))],
+                              pass_fds=board.descriptors,
                               cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         wait_for(lambda: board.read(0).pid > 0, 30, "the writer's first post")
@@ -90,9 +93,9 @@ def test_reset_requests_and_long_reasons(board):
     assert board.asked(1) == 12.5 and board.asked(0) == 0.0
     board.reset(1, "restarting (killed by SIGKILL)", 20.0)
     assert board.read(1) == SlotState(reason="restarting (killed by SIGKILL)", checked_at=20.0)
-    for slots in (1, 3):
+    for wakers in (board.wakers[:1], board.wakers * 2):            # 1 and 4 slots: it has 2
         with pytest.raises(ValueError, match="not a probe board"):
-            Board.attach(board.fd, slots)
+            Board.attach(board.fd, wakers)
 
 
 def test_answers_name_each_worker_and_judge_each_heartbeat(board, probes):
@@ -111,7 +114,8 @@ def test_answers_name_each_worker_and_judge_each_heartbeat(board, probes):
 
 
 def test_an_expired_answer_is_refreshed_by_the_loop_on_demand(board, probes):
-    """The probe stamps "asked at"; the loop (here a thread) sees it, checks and posts."""
+    """The probe stamps "asked at" and wakes the slot's loop (here a thread waiting on the
+    slot's eventfd, nothing else), which checks and posts."""
     stale = time.monotonic() - 30
     for slot in (0, 1):
         board.post(slot, SlotState(1, False, time.monotonic(), stale, 5.0, "b:9092: TimeoutError"))
@@ -119,12 +123,11 @@ def test_an_expired_answer_is_refreshed_by_the_loop_on_demand(board, probes):
 
     def loop():
         while not stop.is_set():
-            for slot in (0, 1):
-                asked = board.asked(slot)
-                if asked > board.read(slot).checked_at:
-                    now = time.monotonic()
-                    board.post(slot, SlotState(1, True, now, now, 5.0, f"checked after {asked}"))
-            time.sleep(0.01)
+            for slot in select.select(board.wakers, [], [], 0.1)[0]:
+                index = board.wakers.index(slot)
+                board.woken(index)
+                now = time.monotonic()
+                board.post(index, SlotState(1, True, now, now, 5.0, f"checked after {board.asked(index)}"))
     thread = threading.Thread(target=loop)
     thread.start()
     try:
