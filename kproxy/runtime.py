@@ -85,7 +85,6 @@ class Runtime:
         self.probe_slot = probe_slot
         self.probes = ProbeProcess() if config.probe_listen is not None and probe_slot is None else None
         self._own_board: Board | None = None                # the probe process's, when it is ours
-        self._loop: asyncio.AbstractEventLoop | None = None     # the proxy's, once started
         # prometheus-client's own exposition, rendered in a worker thread and shared by
         # concurrent scrapes (see admin.SharedRender): a scrape storm costs one render.
         self.scrape = SharedRender(lambda: generate_latest(self.metrics.registry))
@@ -160,13 +159,12 @@ class Runtime:
         return f"http://{host}:{port}"
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
         if self.probes is not None:
             self._own_board = Board.create(1)
             self.probe_slot = (self._own_board, 0)
         if self.probe_slot is not None:
             self.heartbeat.post_to(*self.probe_slot, self._readiness_posted, self.proxy.upstream_ready)
-        self.heartbeat.start(self._loop)
+        self.heartbeat.start(asyncio.get_running_loop())
         if self.config.capture_autostart:
             status, detail = await asyncio.to_thread(self._start_capture, {})
             if status != 200:

@@ -216,7 +216,6 @@ class Supervisor:
         self.probes = self.board = None
         if config.probe_listen is not None:
             self.probes, self.board = ProbeProcess(), Board.create(self.count)
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _vacate_slot(self, worker: _Worker, why: str) -> None:
         """``worker``'s process is gone: its probe slot says so until its successor posts."""
@@ -254,7 +253,7 @@ class Supervisor:
         return None
 
     async def run(self) -> int:
-        loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         watchers: list[asyncio.Task] = []
