@@ -28,7 +28,7 @@ import pytest
 from kproxy import config as config_module
 from kproxy.proxy import admin as admin_module
 from kproxy.proxy.probes import READY_WAIT_S
-from tests.proxy.harness import ProxyThread, free_ports
+from tests.proxy.harness import ProxyThread, children_of, exited, free_ports, process_state
 
 PROBE_ANY = "127.0.0.1:0"
 ANSWER_TIMEOUT_S = 10.0
@@ -195,7 +195,7 @@ class KproxyRun:
 
     def probe_pid(self) -> int:
         """The probe process: kproxy's child."""
-        children = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _parent(int(pid)) == self.process.pid]
+        children = children_of(self.process.pid)
         assert len(children) == 1, children
         return children[0]
 
@@ -208,25 +208,6 @@ class KproxyRun:
             self.process.kill()
         self.process.wait(30)
         self.process.stdout.close()
-
-
-def _stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name; None once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def _parent(pid: int) -> int | None:
-    fields = _stat(pid)
-    return None if fields is None else int(fields[1])
-
-
-def _gone(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is None or fields[0] in ("Z", "X")         # exited (a zombie is not running)
 
 
 def test_probes_are_answered_while_the_kproxy_process_is_stopped():
@@ -243,7 +224,7 @@ def test_probes_are_answered_while_the_kproxy_process_is_stopped():
             wait_for(lambda: stalled.append(get(kproxy.probe + "/healthz")) or stalled[-1][0] == 503,
                      START_TIMEOUT_S, "/healthz to say the loop is stalled")
             ready = get(kproxy.probe + "/readyz")
-            stopped = _stat(kproxy.process.pid)[0]
+            stopped = process_state(kproxy.process.pid)
         finally:
             kproxy.process.send_signal(signal.SIGCONT)
         wait_for(lambda: get(kproxy.probe + "/healthz")[0] == 200, START_TIMEOUT_S, "/healthz to recover")
@@ -259,7 +240,7 @@ def test_the_probe_process_ends_when_kproxy_is_killed():
         probe_pid = kproxy.probe_pid()
         kproxy.process.kill()                                     # SIGKILL: no cleanup of its own
         kproxy.process.wait(30)
-        wait_for(lambda: _gone(probe_pid), START_TIMEOUT_S, "the probe process to exit")
+        wait_for(lambda: exited(probe_pid), START_TIMEOUT_S, "the probe process to exit")
     with pytest.raises(OSError):                                   # and nothing listens any more
         get(kproxy.probe + "/healthz")
 

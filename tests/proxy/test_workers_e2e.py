@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kproxy.embedded import recv_exactly
 from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
 from kproxy.protocol.records import Record, build_batch
-from tests.proxy.harness import free_ports
+from tests.proxy.harness import children_of, exited, free_ports
 
 pytestmark = pytest.mark.broker
 
@@ -426,3 +426,32 @@ def test_a_worker_that_keeps_dying_stops_everything_with_one_line(tmp_path):
     assert "Traceback" not in output, output
     lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
     assert len(lines) == 1 and "worker 0 died 3 times in a row" in lines[0], output
+
+
+def test_a_killed_supervisor_leaves_no_probe_process_and_no_worker(tmp_path):
+    """SIGKILL to the supervisor: the probe process (its stdin pipe closes), the workers
+    (their pipe from the supervisor closes) and every other child end by themselves."""
+    workers = Workers("127.0.0.1:1", [1], tmp_path)      # no broker needed to start
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        body = b""
+        while body.count(b": ok (pid") < 2:
+            assert time.monotonic() < deadline and workers.process.poll() is None, workers.log.read_text()
+            try:
+                body = workers.get("/healthz", token=None, base=workers.probes)[1]
+            except OSError:
+                time.sleep(0.2)
+        # Two workers, the probe process (and multiprocessing's resource tracker).
+        children = children_of(workers.process.pid)
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children]
+        assert sum(b"probe_server" in c for c in commands) == 1, commands
+        assert sum(b"multiprocessing" in c for c in commands) >= 2, commands
+        workers.process.kill()
+        workers.process.wait(30)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not all(exited(pid) for pid in children):
+            assert time.monotonic() < deadline, [pid for pid in children if not exited(pid)]
+            time.sleep(0.1)
+    finally:
+        workers.stop()
+
