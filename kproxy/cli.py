@@ -210,8 +210,8 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--upstream": ("upstream", "HOST:PORT[,HOST:PORT...] of the upstream broker(s)"),
     "--listen": ("listen", "HOST:PORT for the bootstrap (gateway) or only (sidecar) listener"),
     "--admin-listen": ("admin_listen", "HOST:PORT for /metrics, /healthz, /readyz, capture ('off' to disable)"),
-    "--probe-listen": ("probe_listen", "HOST:PORT for /healthz, /readyz alone, answered from their "
-                                       "own thread (default: off)"),
+    "--probe-listen": ("probe_listen", "HOST:PORT for /healthz, /readyz alone, answered by a "
+                                       "process of their own (default: off)"),
     "--mode": ("mode", "gateway or sidecar"),
     "--advertised-host": ("advertised_host", "host clients use to reach kproxy (gateway)"),
     "--advertised-host-template": ("advertised_host_template", "sidecar: e.g. 'kafka-{node_id}.svc'"),

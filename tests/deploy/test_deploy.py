@@ -215,9 +215,9 @@ def admin_routes(config: kconfig.Config) -> set[str]:
 
 
 def probe_routes(config: kconfig.Config) -> set[str]:
-    """The probe listener's routes; none when the config does not enable it."""
+    """The probe port's routes; none when the config does not enable it."""
     probes = Runtime(config).probes
-    return set(probes.server.routes) if probes is not None else set()
+    return set(probes.routes) if probes is not None else set()
 
 
 # ---- compose
