@@ -2,6 +2,7 @@
 
 - ``ProxyThread``: a Runtime on its own event-loop thread, for tests driving blocking clients;
 - ``KproxyProcess``: ``kproxy run`` in a process of its own (its memory, its limits, its workers);
+- ``silent_port``: a broker that accepts connections and never answers;
 - ``wait_for`` and ``http_status``: deadlines on a condition, and an HTTP answer as (status, text).
 """
 
@@ -19,8 +20,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import uvloop
 
@@ -117,6 +119,20 @@ class ProxyThread:
     def served_broker_addresses(self) -> set[tuple[str, int]]:
         """The broker addresses kproxy hands out now (gateway: listeners it has bound)."""
         return set(self.runtime.proxy.broker_addresses().values())
+
+
+@contextmanager
+def silent_port() -> Iterator[tuple[str, int]]:
+    """(host, port) of a listener that is never accepted from and never answers: the
+    kernel completes each TCP handshake into its backlog, as for a stopped (SIGSTOP) or
+    wedged broker."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1024)             # room for every connection a test makes
+    try:
+        yield listener.getsockname()
+    finally:
+        listener.close()
 
 
 # ---------------------------------------------------------------- kproxy run, in its own process

@@ -30,7 +30,8 @@ import pytest
 from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy.relay import READ_CHUNK, WRITE_HIGH_WATER
-from tests.proxy.harness import KproxyProcess, ProxyThread, free_ports, http_status, wait_for
+from tests.proxy.harness import (KproxyProcess, ProxyThread, free_ports, http_status, silent_port,
+                                  wait_for)
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
@@ -677,15 +678,8 @@ def test_readiness_asks_the_broker_not_just_its_port(caplog):
     """A broker that is stopped (SIGSTOP) or wedged still has its port accept TCP (the
     kernel completes the handshake into the listen backlog): /readyz must say 503, because
     it asks for ApiVersions (was: 200, from a TCP connect alone)."""
-    wedged = socket.socket()
-    wedged.bind(("127.0.0.1", 0))
-    wedged.listen(16)                                 # never accepted, never answered
-    try:
-        host, port = wedged.getsockname()
-        with ProxyThread(upstream=f"{host}:{port}") as proxy:
-            status, body = http_status(proxy.admin_url + "/readyz")
-    finally:
-        wedged.close()
+    with silent_port() as (host, port), ProxyThread(upstream=f"{host}:{port}") as proxy:
+        status, body = http_status(proxy.admin_url + "/readyz")
     assert status == 503 and f"{host}:{port}: TimeoutError" in body, (status, body)
 
 
@@ -699,11 +693,9 @@ def test_the_open_file_limit_refuses_with_a_reason_instead_of_dropping_silently(
     def limit_files():
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard_limit, hard_limit))
 
-    upstream = socket.socket()
-    upstream.bind(("127.0.0.1", 0))
-    upstream.listen(1024)                 # connects complete in the backlog; never answered
-    with contextlib.closing(upstream), \
-            KproxyProcess(tmp_path, upstream="%s:%d" % upstream.getsockname(), ready="/healthz",
+    # The upstream's connects complete in its backlog and are never answered.
+    with silent_port() as upstream, \
+            KproxyProcess(tmp_path, upstream="%s:%d" % upstream, ready="/healthz",
                           preexec_fn=limit_files) as kproxy, contextlib.ExitStack() as clients:
         for _ in range(hard_limit):       # more than it can hold: two sockets per connection
             clients.enter_context(socket.create_connection(("127.0.0.1", kproxy.listen_port)))
