@@ -3,6 +3,7 @@
 - ``ProxyThread``: a Runtime on its own event-loop thread, for tests driving blocking clients;
 - ``KproxyProcess``: ``kproxy run`` in a process of its own (its memory, its limits, its workers);
 - ``silent_port``: a broker that accepts connections and never answers;
+- ``Traffic``: a producer and a group consumer on threads of their own, counting what got through;
 - ``wait_for`` and ``http_status``: deadlines on a condition, and an HTTP answer as (status, text).
 """
 
@@ -257,3 +258,87 @@ class KproxyProcess:
         if exc is not None:
             self._add_log(exc)
 
+
+# ---------------------------------------------------------------- clients that keep going
+
+class Traffic:
+    """A producer (acks=all, idempotent) and a group consumer of numbered messages, each on
+    its own thread, for tests that break something while clients keep going.
+
+    A subclass drives one client library: ``_produce`` sends ``next_number()`` until
+    ``producing()`` is false, then flushes, reporting each answer to ``acknowledged`` or
+    ``failed``; ``_consume`` adds what it reads to ``consumed`` while ``consuming()``.
+    ``crashes``: whatever ended a thread; every wait here fails on one at once.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, timeout: float):
+        self.bootstrap, self.topic, self.timeout = bootstrap, topic, timeout
+        self.produced = 0
+        self.delivered: set[int] = set()
+        self.consumed: set[int] = set()
+        self.delivery_errors: list = []
+        self.crashes: list[BaseException] = []
+        self._stop_producing, self._stop_consuming = threading.Event(), threading.Event()
+        self._producer = threading.Thread(target=self._guard, args=(self._produce,), daemon=True)
+        self._consumer = threading.Thread(target=self._guard, args=(self._consume,), daemon=True)
+
+    def _produce(self) -> None:
+        raise NotImplementedError
+
+    def _consume(self) -> None:
+        raise NotImplementedError
+
+    def _guard(self, body) -> None:
+        try:
+            body()
+        except BaseException as exc:          # noqa: BLE001 - reported by check()
+            self.crashes.append(exc)
+
+    def producing(self) -> bool:
+        return not self._stop_producing.is_set()
+
+    def consuming(self) -> bool:
+        return not self._stop_consuming.is_set()
+
+    def next_number(self) -> int:
+        number = self.produced
+        self.produced += 1
+        return number
+
+    def acknowledged(self, number: int) -> None:
+        self.delivered.add(number)
+
+    def failed(self, error) -> None:
+        self.delivery_errors.append(error)
+
+    def start(self) -> None:
+        self._producer.start()
+        self._consumer.start()
+
+    def check(self) -> None:
+        assert not self.crashes, self.crashes
+
+    def wait_for_progress(self, count: int, what: str) -> None:
+        """Wait until ``count`` more messages are both acknowledged and consumed."""
+        delivered, consumed = len(self.delivered), len(self.consumed)
+        wait_for(lambda: self.check() or (len(self.delivered) >= delivered + count
+                                          and len(self.consumed) >= consumed + count),
+                 self.timeout, f"{count} messages through kproxy {what}")
+
+    def stop_producing(self) -> None:
+        """Stop producing; return once the producer has flushed (every answer is in)."""
+        self._stop_producing.set()
+        self._producer.join(self.timeout + 30)
+        self.check()
+
+    def stop_consuming(self) -> None:
+        self._stop_consuming.set()
+        self._consumer.join(30)
+        self.check()
+
+    def finish(self) -> None:
+        """Stop producing, then wait until the consumer has every acknowledged message."""
+        self.stop_producing()
+        wait_for(lambda: self.check() or self.delivered <= self.consumed, self.timeout,
+                 "every acknowledged message to be consumed")
+        self.stop_consuming()

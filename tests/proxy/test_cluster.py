@@ -34,10 +34,9 @@ from kproxy.embedded import KAFKA_4_VERSION, KafkaCluster
 from kproxy.protocol import Struct, decode_response
 from kproxy.protocol.connection import RequestReceived, ResponseReceived
 from tests.proxy.certs import PKI, make_pki, openssl_available
-from tests.proxy.harness import ProxyThread
-from tests.proxy.test_faults import (METADATA, RawClient, api_versions_ok, framed, http_status,
-                                     kproxy_log, wait_for)  # noqa: F401 - kproxy_log: a fixture
-from tests.proxy.harness import free_ports
+from tests.proxy.harness import ProxyThread, Traffic, free_ports, http_status, wait_for
+from tests.proxy.test_faults import METADATA, RawClient, api_versions_ok, framed
+from tests.proxy.test_faults import kproxy_log  # noqa: F401 - a fixture
 from tests.proxy.test_proxy_e2e import client_bytes  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
@@ -139,43 +138,24 @@ def cluster3(require_kafka) -> Iterator[KafkaCluster]:
         yield cluster
 
 
-class Traffic:
-    """A producer (acks=all, idempotent) and a group consumer, each on its own thread."""
-
-    def __init__(self, bootstrap: str, topic: str):
-        self.bootstrap, self.topic = bootstrap, topic
-        self.produced = 0
-        self.delivered: set[int] = set()
-        self.consumed: set[int] = set()
-        self.delivery_errors: list = []
-        self.crashes: list[BaseException] = []
-        self._stop_producing = threading.Event()
-        self._stop_consuming = threading.Event()
-        self._threads = [threading.Thread(target=self._guard, args=(f,), daemon=True)
-                         for f in (self._produce, self._consume)]
-
-    def _guard(self, body):
-        try:
-            body()
-        except BaseException as exc:          # noqa: BLE001 - reported by check()
-            self.crashes.append(exc)
+class ConfluentTraffic(Traffic):
+    """``Traffic`` with confluent-kafka (librdkafka) clients."""
 
     def _on_delivery(self, err, msg):
         if err is None:
-            self.delivered.add(int(msg.value()))
+            self.acknowledged(int(msg.value()))
         else:
-            self.delivery_errors.append(err)
+            self.failed(err)
 
     def _produce(self):
         from confluent_kafka import Producer
         producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
                              "enable.idempotence": True, "linger.ms": 5})
-        while not self._stop_producing.is_set():
-            producer.produce(self.topic, key=str(self.produced), value=str(self.produced),
-                             on_delivery=self._on_delivery)
-            self.produced += 1
+        while self.producing():
+            number = self.next_number()
+            producer.produce(self.topic, key=str(number), value=str(number), on_delivery=self._on_delivery)
             producer.poll(PRODUCE_INTERVAL_S)
-        assert producer.flush(120) == 0
+        assert producer.flush(self.timeout) == 0
 
     def _consume(self):
         from confluent_kafka import Consumer
@@ -183,37 +163,12 @@ class Traffic:
                              "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
         consumer.subscribe([self.topic])
         try:
-            while not self._stop_consuming.is_set():
+            while self.consuming():
                 msg = consumer.poll(0.2)
                 if msg is not None and msg.error() is None:
                     self.consumed.add(int(msg.value()))
         finally:
             consumer.close()
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def check(self) -> None:
-        assert not self.crashes, self.crashes
-
-    def wait_for_progress(self, count: int, what: str) -> None:
-        """Wait until ``count`` more messages are both acknowledged and consumed."""
-        delivered, consumed = len(self.delivered), len(self.consumed)
-        wait_for(lambda: self.check() or (len(self.delivered) >= delivered + count
-                                          and len(self.consumed) >= consumed + count),
-                 CONSUME_TIMEOUT_S, f"{count} messages through kproxy {what}")
-
-    def finish(self) -> None:
-        """Stop producing, flush, then consume until every acknowledged message arrived."""
-        self._stop_producing.set()
-        self._threads[0].join(150)
-        self.check()
-        wait_for(lambda: self.check() or self.delivered <= self.consumed, CONSUME_TIMEOUT_S,
-                 "every acknowledged message to be consumed")
-        self._stop_consuming.set()
-        self._threads[1].join(30)
-        self.check()
 
 
 def led_topic(admin, topic: str):
@@ -256,7 +211,7 @@ class TestThreeBrokers:
             wait_for(lambda: listener_names(proxy) == all_listeners, ADMIN_TIMEOUT_S,
                      "one listener per broker")
 
-            traffic = Traffic(proxy.bootstrap, topic)
+            traffic = ConfluentTraffic(proxy.bootstrap, topic, CONSUME_TIMEOUT_S)
             traffic.start()
             traffic.wait_for_progress(PROGRESS, "before the restart")
 
