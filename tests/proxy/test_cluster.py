@@ -185,6 +185,27 @@ def partition_leader(admin, topic: str, partition: int) -> int:
     return metadata.topics[topic].partitions[partition].leader
 
 
+def mapped_gateway(cluster: KafkaCluster, observers=(), **settings) -> ProxyThread:
+    """A gateway kproxy before ``cluster`` (to be started with ``with``), a free port mapped
+    to each node; ``.advertised``: the broker addresses it hands out."""
+    ports = dict(zip([n.node_id for n in cluster.nodes], free_ports(len(cluster.nodes))))
+    proxy = ProxyThread(observers=observers, upstream=cluster.bootstrap_servers, broker_port_rule="map",
+                        broker_port_map=ports, shutdown_timeout=SHUTDOWN_TIMEOUT_S, **settings)
+    proxy.advertised = {("127.0.0.1", p) for p in ports.values()}
+    return proxy
+
+
+def leads_again(admin, topic: str, partitions: int, leader: int) -> bool:
+    """Ask for every partition's preferred leader; whether ``leader`` (partition 0's
+    preferred replica) leads partition 0 again. The election fails until it is back in
+    sync: poll this."""
+    from confluent_kafka import ElectionType, TopicPartition
+    with contextlib.suppress(Exception):
+        admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, p) for p in range(partitions)]
+                            ).result(ADMIN_TIMEOUT_S)
+    return partition_leader(admin, topic, 0) == leader
+
+
 def listener_names(proxy: ProxyThread) -> set[str]:
     async def names():
         return set(proxy.runtime.proxy.listeners)
@@ -194,15 +215,11 @@ def listener_names(proxy: ProxyThread) -> set[str]:
 class TestThreeBrokers:
 
     def test_gateway_follows_the_leader_across_a_broker_restart(self, cluster3, client_bytes):
-        from confluent_kafka import ElectionType, TopicPartition
         from confluent_kafka.admin import AdminClient
 
-        ports = dict(zip([n.node_id for n in cluster3.nodes], free_ports(3)))
-        advertised = {("127.0.0.1", p) for p in ports.values()}
         trace, observe = api_trace()
-        with ProxyThread(observers=[observe], upstream=cluster3.bootstrap_servers,
-                         broker_port_rule="map", broker_port_map=ports,
-                         shutdown_timeout=SHUTDOWN_TIMEOUT_S) as proxy:
+        with mapped_gateway(cluster3, [observe]) as proxy:
+            advertised = proxy.advertised
             admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
             topic = topic_name("restart")
             create_topic(admin, topic, partitions=6, replication=3, **{"min.insync.replicas": "2"})
@@ -231,13 +248,8 @@ class TestThreeBrokers:
 
             # Hand leadership back to the restarted broker (it is partition 0's preferred
             # replica) once it is in sync again: clients must find it at its new listener.
-            def leader_returned() -> bool:
-                with contextlib.suppress(Exception):
-                    admin.elect_leaders(ElectionType.PREFERRED,
-                                        [TopicPartition(topic, p) for p in range(6)]
-                                        ).result(ADMIN_TIMEOUT_S)
-                return partition_leader(admin, topic, 0) == leader
-            wait_for(leader_returned, LEADER_MOVE_TIMEOUT_S, f"node {leader} to lead again")
+            wait_for(lambda: leads_again(admin, topic, 6, leader), LEADER_MOVE_TIMEOUT_S,
+                     f"node {leader} to lead again")
             returned = time.monotonic()
             traffic.wait_for_progress(PROGRESS, f"after node {leader} leads again")
             traffic.finish()
@@ -303,12 +315,9 @@ class TestThreeBrokers:
         """DescribeQuorum lists the controllers' listeners under the same node ids as the
         brokers (combined mode): kproxy hides those addresses too, but must keep routing
         broker-<id> to the broker (it used to re-point it at the controller port)."""
-        ports = dict(zip([n.node_id for n in cluster3.nodes], free_ports(3)))
-        advertised = {("127.0.0.1", p) for p in ports.values()}
         trace, observe = api_trace()
-        with ProxyThread(observers=[observe], upstream=cluster3.bootstrap_servers,
-                         broker_port_rule="map", broker_port_map=ports,
-                         shutdown_timeout=SHUTDOWN_TIMEOUT_S) as proxy:
+        with mapped_gateway(cluster3, [observe]) as proxy:
+            advertised = proxy.advertised
             client = RawClient(proxy.bootstrap)
             client.roundtrip(METADATA, 12, topics=None)
             quorum = client.roundtrip(DESCRIBE_QUORUM, 2, topics=[Struct(
@@ -316,8 +325,8 @@ class TestThreeBrokers:
             client.close()
             listed = {(l.host, l.port) for node in quorum.body.nodes for l in node.listeners}
             assert listed == advertised
-            for port in ports.values():               # each broker listener still reaches a broker
-                broker = RawClient(("127.0.0.1", port))
+            for address in advertised:                # each broker listener still reaches a broker
+                broker = RawClient(address)
                 metadata = broker.roundtrip(METADATA, 12, topics=None)
                 assert {(b.host, b.port) for b in metadata.body.brokers} == advertised
                 broker.close()
@@ -434,15 +443,11 @@ def impostor(pki) -> Iterator[Impostor]:
 
 
 def tls_proxy(cluster: KafkaCluster, pki: PKI, observers=(), **tls_server) -> ProxyThread:
-    ports = dict(zip([n.node_id for n in cluster.nodes], free_ports(len(cluster.nodes))))
-    proxy = ProxyThread(
-        observers=observers, upstream=cluster.bootstrap_servers, broker_port_rule="map",
-        broker_port_map=ports, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    return mapped_gateway(
+        cluster, observers,
         tls_client={"ca_file": str(pki.ca), "cert_file": str(pki.client.cert),
                     "key_file": str(pki.client.key), "check_hostname": True},
         tls_server={"cert_file": str(pki.server.cert), "key_file": str(pki.server.key), **tls_server})
-    proxy.advertised = {("127.0.0.1", p) for p in ports.values()}
-    return proxy
 
 
 def ssl_config(proxy: ProxyThread, pki: PKI, **extra) -> dict:
@@ -573,13 +578,9 @@ def sasl_cluster(require_kafka) -> Iterator[KafkaCluster]:
 
 @pytest.fixture
 def sasl_proxy(sasl_cluster) -> Iterator[ProxyThread]:
-    ports = {1: free_ports(1)[0]}
     trace, observe = api_trace()
-    with ProxyThread(observers=[observe], upstream=sasl_cluster.bootstrap_servers,
-                     broker_port_rule="map", broker_port_map=ports,
-                     shutdown_timeout=SHUTDOWN_TIMEOUT_S) as proxy:
+    with mapped_gateway(sasl_cluster, [observe]) as proxy:
         proxy.trace = trace
-        proxy.advertised = {("127.0.0.1", p) for p in ports.values()}
         yield proxy
 
 

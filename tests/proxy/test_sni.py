@@ -44,7 +44,8 @@ from tests.proxy import test_rewrite
 from tests.proxy.harness import ProxyThread, Traffic, wait_for
 from tests.proxy.test_cluster import (  # noqa: F401 - cluster3, tls_cluster: fixtures
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
-    assert_no_upstream_address, cluster3, create_topic, partition_leader, port_free_on, tls_cluster,
+    assert_no_upstream_address, cluster3, create_topic, leads_again, partition_leader, port_free_on,
+    tls_cluster,
     topic_name, upstream_addresses)
 from tests.proxy.test_faults import kproxy_log  # noqa: F401 - a fixture
 from tests.proxy.test_proxy_e2e import client_bytes  # noqa: F401 - a fixture
@@ -569,7 +570,6 @@ class TestOnePortThreeBrokers:
         consuming, and Kafka's Java console consumer keeps consuming, while partition 0's
         leader is stopped, restarted and made leader again: each finds every new leader at
         that node's name, on the same port, and nothing is lost."""
-        from confluent_kafka import ElectionType, TopicPartition
         from confluent_kafka.admin import AdminClient
         from kproxy.embedded import run_tool
 
@@ -613,16 +613,8 @@ class TestOnePortThreeBrokers:
                          LEADER_MOVE_TIMEOUT_S, "partition 0 to get a new leader")
                 traffic.wait_for_progress(PROGRESS, f"while node {leader} is down")
                 cluster3.start_node(leader)
-
-                def leader_returned() -> bool:
-                    try:
-                        admin.elect_leaders(ElectionType.PREFERRED,
-                                            [TopicPartition(topic, p) for p in range(3)]
-                                            ).result(ADMIN_TIMEOUT_S)
-                    except Exception:          # noqa: BLE001 - not in sync yet: try again
-                        pass
-                    return partition_leader(admin, topic, 0) == leader
-                wait_for(leader_returned, LEADER_MOVE_TIMEOUT_S, f"node {leader} to lead again")
+                wait_for(lambda: leads_again(admin, topic, 3, leader), LEADER_MOVE_TIMEOUT_S,
+                         f"node {leader} to lead again")
                 returned = time.monotonic()
                 traffic.wait_for_progress(PROGRESS, f"after node {leader} leads again")
             finally:
