@@ -190,22 +190,22 @@ def _start_proxy(traffic: Traffic, upstream_bootstrap: str, node_ids: list[int])
     return proxy, {(LOOPBACK, port) for port in ports}
 
 
+def _kafka_target(cluster: KafkaCluster, traffic: Traffic) -> Iterator[Target]:
+    node_ids = [node.node_id for node in cluster.nodes]
+    proxy, advertised = _start_proxy(traffic, cluster.bootstrap_servers, node_ids)
+    with proxy:
+        yield Target("kafka-" + cluster.version, proxy, node_ids, advertised,
+                     _kafka_listeners(cluster), tools=cluster.tools, cluster=cluster)
+
+
 @pytest.fixture(scope="session")
 def kafka4(kafka_cluster: KafkaCluster, traffic: Traffic) -> Iterator[Target]:
-    node_ids = [node.node_id for node in kafka_cluster.nodes]
-    proxy, advertised = _start_proxy(traffic, kafka_cluster.bootstrap_servers, node_ids)
-    with proxy:
-        yield Target("kafka-" + kafka_cluster.version, proxy, node_ids, advertised,
-                     _kafka_listeners(kafka_cluster), tools=kafka_cluster.tools, cluster=kafka_cluster)
+    yield from _kafka_target(kafka_cluster, traffic)
 
 
 @pytest.fixture(scope="session")
 def kafka3(kafka3_cluster: KafkaCluster, traffic: Traffic) -> Iterator[Target]:
-    node_ids = [node.node_id for node in kafka3_cluster.nodes]
-    proxy, advertised = _start_proxy(traffic, kafka3_cluster.bootstrap_servers, node_ids)
-    with proxy:
-        yield Target("kafka-" + kafka3_cluster.version, proxy, node_ids, advertised,
-                     _kafka_listeners(kafka3_cluster), tools=kafka3_cluster.tools, cluster=kafka3_cluster)
+    yield from _kafka_target(kafka3_cluster, traffic)
 
 
 @pytest.fixture(scope="session")

@@ -195,6 +195,15 @@ def mapped_gateway(cluster: KafkaCluster, observers=(), **settings) -> ProxyThre
     return proxy
 
 
+def stop_partition_0_leader(cluster: KafkaCluster, admin, topic: str) -> int:
+    """Stop the node that leads ``topic``'s partition 0; return its id once another leads."""
+    leader = partition_leader(admin, topic, 0)
+    cluster.stop_node(leader)
+    wait_for(lambda: partition_leader(admin, topic, 0) not in (leader, -1),
+             LEADER_MOVE_TIMEOUT_S, "partition 0 to get a new leader")
+    return leader
+
+
 def leads_again(admin, topic: str, partitions: int, leader: int) -> bool:
     """Ask for every partition's preferred leader; whether ``leader`` (partition 0's
     preferred replica) leads partition 0 again. The election fails until it is back in
@@ -232,10 +241,7 @@ class TestThreeBrokers:
             traffic.start()
             traffic.wait_for_progress(PROGRESS, "before the restart")
 
-            leader = partition_leader(admin, topic, 0)
-            cluster3.stop_node(leader)
-            wait_for(lambda: partition_leader(admin, topic, 0) not in (leader, -1),
-                     LEADER_MOVE_TIMEOUT_S, "partition 0 to get a new leader")
+            leader = stop_partition_0_leader(cluster3, admin, topic)
             traffic.wait_for_progress(PROGRESS, f"while node {leader} is down")
             wait_for(lambda: len(admin.list_topics(timeout=ADMIN_TIMEOUT_S).brokers) == 2
                      and f"broker-{leader}" not in listener_names(proxy),

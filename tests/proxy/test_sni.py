@@ -44,7 +44,7 @@ from tests.proxy import test_rewrite
 from tests.proxy.harness import ProxyThread, Traffic, wait_for
 from tests.proxy.test_cluster import (  # noqa: F401 - cluster3, tls_cluster: fixtures
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
-    assert_no_upstream_address, cluster3, create_topic, leads_again, partition_leader, port_free_on,
+    assert_no_upstream_address, cluster3, create_topic, leads_again, port_free_on, stop_partition_0_leader,
     tls_cluster,
     topic_name, upstream_addresses)
 from tests.proxy.test_faults import kproxy_log  # noqa: F401 - a fixture
@@ -607,10 +607,7 @@ class TestOnePortThreeBrokers:
                 traffic.wait_for_progress(PROGRESS, "before the move")
                 wait_for(lambda: any(java_fetch(e) for _, _, e in list(trace)), CONSUME_TIMEOUT_S,
                          "the Java consumer to fetch")
-                leader = partition_leader(admin, topic, 0)
-                cluster3.stop_node(leader)
-                wait_for(lambda: partition_leader(admin, topic, 0) not in (leader, -1),
-                         LEADER_MOVE_TIMEOUT_S, "partition 0 to get a new leader")
+                leader = stop_partition_0_leader(cluster3, admin, topic)
                 traffic.wait_for_progress(PROGRESS, f"while node {leader} is down")
                 cluster3.start_node(leader)
                 wait_for(lambda: leads_again(admin, topic, 3, leader), LEADER_MOVE_TIMEOUT_S,
