@@ -20,14 +20,14 @@ import signal
 import time
 from typing import Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 
 from .config import Config
 from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.live import LiveView
 from .observers.metrics import Metrics
-from .proxy.admin import AdminServer, ScrapeBusy, SharedRender
+from .proxy.admin import AdminServer, SharedRender, metrics_answer
 from .proxy.live_web import LiveRoutes
 from .proxy.probe_board import Board
 from .proxy.probes import LoopHeartbeat, ProbeProcess, Readiness
@@ -90,10 +90,7 @@ class Runtime:
         self.scrape = SharedRender(lambda: generate_latest(self.metrics.registry))
 
     async def _metrics(self):
-        try:
-            return 200, CONTENT_TYPE_LATEST, await self.scrape()
-        except ScrapeBusy:
-            return 503, "text/plain", b"too many scrapes at once; retry\n"
+        return await metrics_answer(self.scrape)
 
     async def _capture_status(self):
         return _json(*capture_control.capture_status(self.capture))

@@ -42,6 +42,7 @@ from typing import Awaitable, Callable, Collection
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from .http_limits import LISTEN_BACKLOG, MAX_HEADER_LINES, MAX_LINE_BYTES, READ_TIMEOUT_S
 
@@ -103,6 +104,14 @@ class SharedRender:
             self._pending = None
         if not future.cancelled():
             future.exception()                # retrieved, so asyncio does not log it as lost
+
+
+async def metrics_answer(scrape: SharedRender) -> tuple[int, str, bytes]:
+    """The /metrics answer: ``scrape``'s exposition, or 503 at once when too many scrapes wait."""
+    try:
+        return 200, CONTENT_TYPE_LATEST, await scrape()
+    except ScrapeBusy:
+        return 503, "text/plain", b"too many scrapes at once; retry\n"
 
 
 def bearer_token(request: web.Request) -> str:

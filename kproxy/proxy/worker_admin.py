@@ -32,7 +32,7 @@ import aiohttp
 from aiohttp import web
 
 from ..observers.metrics import ExpositionMerger
-from .admin import AdminServer, ScrapeBusy, SharedRender
+from .admin import AdminServer, SharedRender, metrics_answer
 from .live_merge import MergedLiveRoutes
 
 log = logging.getLogger("kproxy.workers")
@@ -148,11 +148,7 @@ class WorkerAdmin:
         return self.merger.merge(expositions) + self.extra_metrics()
 
     async def _metrics(self):
-        from prometheus_client import CONTENT_TYPE_LATEST
-        try:
-            return 200, CONTENT_TYPE_LATEST, await self.scrape()
-        except ScrapeBusy:
-            return 503, "text/plain", b"too many scrapes at once; retry\n"
+        return await metrics_answer(self.scrape)
 
     # ------------------------------------------------------------ health, readiness, state
 

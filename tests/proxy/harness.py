@@ -1,12 +1,29 @@
-"""Run a real kproxy Runtime on its own event-loop thread, for tests driving blocking clients."""
+"""Real kproxies and the things tests put around them.
+
+- ``ProxyThread``: a Runtime on its own event-loop thread, for tests driving blocking clients;
+- ``KproxyProcess``: ``kproxy run`` in a process of its own (its memory, its limits, its workers);
+- ``silent_port``: a broker that accepts connections and never answers;
+- ``Traffic``: a producer and a group consumer on threads of their own, counting what got through;
+- ``wait_for`` and ``http_status``: deadlines on a condition, and an HTTP answer as (status, text).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
-from typing import Iterable
+import time
+import urllib.error
+import urllib.request
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
 
 import uvloop
 
@@ -14,6 +31,30 @@ from kproxy import config as config_module
 from kproxy.runtime import Runtime
 
 START_TIMEOUT_S = 10.0
+ANSWER_TIMEOUT_S = 30.0           # an HTTP answer (admin, probes) on a busy 2-core machine
+POLL_S = 0.05                     # how often a deadline loop re-checks its condition
+REPO = Path(__file__).resolve().parents[2]
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str):
+    """Poll ``condition()`` until it returns something truthy, and return that; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(POLL_S)
+
+
+def http_status(url: str, timeout: float = ANSWER_TIMEOUT_S) -> tuple[int, str]:
+    """(status, body text) of a GET, error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 def free_ports(n: int) -> list[int]:
@@ -105,3 +146,225 @@ class ProxyThread:
     def served_broker_addresses(self) -> set[tuple[str, int]]:
         """The broker addresses kproxy hands out now (gateway: listeners it has bound)."""
         return set(self.runtime.proxy.broker_addresses().values())
+
+
+@contextmanager
+def silent_port() -> Iterator[tuple[str, int]]:
+    """(host, port) of a listener that is never accepted from and never answers: the
+    kernel completes each TCP handshake into its backlog, as for a stopped (SIGSTOP) or
+    wedged broker."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1024)             # room for every connection a test makes
+    try:
+        yield listener.getsockname()
+    finally:
+        listener.close()
+
+
+# ---------------------------------------------------------------- kproxy run, in its own process
+
+PROCESS_START_TIMEOUT_S = 60.0    # an interpreter start and imports on a busy 2-core machine (workers: N+1)
+PROCESS_STOP_TIMEOUT_S = 30.0     # SIGTERM to exit; past it the process is killed
+LOG_TAIL_CHARS = 20_000           # of the process's log, shown with a failure
+
+
+class KproxyProcess:
+    """``with KproxyProcess(tmp_path, upstream=..., **settings) as kproxy:`` a ``kproxy run``
+    process, configured by a TOML file written from ``settings``.
+
+    ``listen`` and ``admin_listen`` default to free loopback ports (a test that picks more
+    ports passes them too, from one ``free_ports`` call, so all differ). On entry the process
+    starts and, unless ``ready`` is None, is waited for until ``GET <admin><ready>``
+    answers 200; on exit it gets SIGTERM (then SIGKILL past ``PROCESS_STOP_TIMEOUT_S``).
+    A failure inside, or in starting, carries the tail of the process's log.
+    """
+
+    def __init__(self, directory: Path, *, ready: str | None = "/readyz", env: dict[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None, **settings: Any):
+        if "listen" not in settings or "admin_listen" not in settings:
+            listen, admin = free_ports(2)
+            settings.setdefault("listen", f"127.0.0.1:{listen}")
+            settings.setdefault("admin_listen", f"127.0.0.1:{admin}")
+        self.settings = settings
+        self.ready = ready
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        self.preexec_fn = preexec_fn
+        name = f"kproxy-{uuid.uuid4().hex[:6]}"
+        self.config_path = Path(directory) / f"{name}.toml"
+        self.log_path = Path(directory) / f"{name}.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.settings["listen"].rpartition(":")[2])
+
+    @property
+    def bootstrap(self) -> str:
+        return self.settings["listen"]
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.settings['admin_listen']}"
+
+    @property
+    def probe_url(self) -> str | None:
+        probe = self.settings.get("probe_listen")
+        return None if probe is None else f"http://{probe}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _write_config(self) -> None:
+        lines = []
+        for key, value in self.settings.items():
+            if isinstance(value, dict):              # broker_port_map: "1=9101,2=9102"
+                value = ",".join(f"{k}={v}" for k, v in value.items())
+            lines.append(f"{key} = {json.dumps(value)}")     # JSON scalars are TOML scalars
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    def start(self) -> None:
+        self._write_config()
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "kproxy", "run", "--config", str(self.config_path)],
+                env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=self.preexec_fn)
+
+    def wait_ready(self, path: str = "/readyz", timeout: float = PROCESS_START_TIMEOUT_S) -> None:
+        def ready() -> bool:
+            assert self.process.poll() is None, f"kproxy exited with {self.process.returncode}"
+            try:
+                return http_status(self.admin_url + path, timeout=5)[0] == 200
+            except OSError:
+                return False
+        wait_for(ready, timeout, f"kproxy's {path} to answer 200")
+
+    def stop(self) -> int:
+        """SIGTERM, and its exit code; SIGKILL (and a failure) if it does not exit in time."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(PROCESS_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"kproxy did not exit within {PROCESS_STOP_TIMEOUT_S:g}s of SIGTERM; "
+                                 f"killed") from None
+
+    def _add_log(self, exc: BaseException) -> None:
+        tail = self.log_text()[-LOG_TAIL_CHARS:] if self.log_path.exists() else "(none)"
+        exc.add_note(f"kproxy's log ({self.log_path}), its end:\n{tail}")
+
+    def __enter__(self) -> "KproxyProcess":
+        self.start()
+        if self.ready is not None:
+            try:
+                self.wait_ready(self.ready)
+            except BaseException as exc:
+                self.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.stop()
+        except AssertionError as stopping:
+            if exc is None:
+                self._add_log(stopping)
+                raise
+            exc.add_note(str(stopping))
+        if exc is not None:
+            self._add_log(exc)
+
+
+# ---------------------------------------------------------------- clients that keep going
+
+class Traffic:
+    """A producer (acks=all, idempotent) and a group consumer of numbered messages, each on
+    its own thread, for tests that break something while clients keep going.
+
+    A subclass drives one client library: ``_produce`` sends ``next_number()`` until
+    ``producing()`` is false, then flushes, reporting each answer to ``acknowledged`` or
+    ``failed``; ``_consume`` adds what it reads to ``consumed`` while ``consuming()``.
+    ``crashes``: whatever ended a thread; every wait here fails on one at once.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, timeout: float):
+        self.bootstrap, self.topic, self.timeout = bootstrap, topic, timeout
+        self.produced = 0
+        self.delivered: set[int] = set()
+        self.consumed: set[int] = set()
+        self.delivery_errors: list = []
+        self.crashes: list[BaseException] = []
+        self._stop_producing, self._stop_consuming = threading.Event(), threading.Event()
+        self._producer = threading.Thread(target=self._guard, args=(self._produce,), daemon=True)
+        self._consumer = threading.Thread(target=self._guard, args=(self._consume,), daemon=True)
+
+    def _produce(self) -> None:
+        raise NotImplementedError
+
+    def _consume(self) -> None:
+        raise NotImplementedError
+
+    def _guard(self, body) -> None:
+        try:
+            body()
+        except BaseException as exc:          # noqa: BLE001 - reported by check()
+            self.crashes.append(exc)
+
+    def producing(self) -> bool:
+        return not self._stop_producing.is_set()
+
+    def consuming(self) -> bool:
+        return not self._stop_consuming.is_set()
+
+    def next_number(self) -> int:
+        number = self.produced
+        self.produced += 1
+        return number
+
+    def acknowledged(self, number: int) -> None:
+        self.delivered.add(number)
+
+    def failed(self, error) -> None:
+        self.delivery_errors.append(error)
+
+    def start(self) -> None:
+        self._producer.start()
+        self._consumer.start()
+
+    def check(self) -> None:
+        assert not self.crashes, self.crashes
+
+    def wait_for_progress(self, count: int, what: str) -> None:
+        """Wait until ``count`` more messages are both acknowledged and consumed."""
+        delivered, consumed = len(self.delivered), len(self.consumed)
+        wait_for(lambda: self.check() or (len(self.delivered) >= delivered + count
+                                          and len(self.consumed) >= consumed + count),
+                 self.timeout, f"{count} messages through kproxy {what}")
+
+    def stop_producing(self) -> None:
+        """Stop producing; return once the producer has flushed (every answer is in)."""
+        self._stop_producing.set()
+        self._producer.join(self.timeout + 30)
+        self.check()
+
+    def stop_consuming(self) -> None:
+        self._stop_consuming.set()
+        self._consumer.join(30)
+        self.check()
+
+    def finish(self) -> None:
+        """Stop producing, then wait until the consumer has every acknowledged message."""
+        self.stop_producing()
+        wait_for(lambda: self.check() or self.delivered <= self.consumed, self.timeout,
+                 "every acknowledged message to be consumed")
+        self.stop_consuming()

@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -40,7 +40,7 @@ import pytest
 from kproxy.embedded import KafkaCluster, TansuBroker, run_tool
 from kproxy.protocol.connection import Connection, MalformedFrame, RequestReceived, ResponseReceived
 from kproxy.protocol.records import iter_batches
-from tests.proxy.harness import ProxyThread, free_ports
+from tests.proxy.harness import ProxyThread, free_ports, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -58,18 +58,6 @@ CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
-
-
-def wait_until(condition: Callable[[], object], what: str, timeout: float = DEADLINE_S, interval: float = 0.2):
-    """Poll ``condition`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 # -- what kproxy sends to clients, and what it decoded ------------------------------------
@@ -202,22 +190,22 @@ def _start_proxy(traffic: Traffic, upstream_bootstrap: str, node_ids: list[int])
     return proxy, {(LOOPBACK, port) for port in ports}
 
 
+def _kafka_target(cluster: KafkaCluster, traffic: Traffic) -> Iterator[Target]:
+    node_ids = [node.node_id for node in cluster.nodes]
+    proxy, advertised = _start_proxy(traffic, cluster.bootstrap_servers, node_ids)
+    with proxy:
+        yield Target("kafka-" + cluster.version, proxy, node_ids, advertised,
+                     _kafka_listeners(cluster), tools=cluster.tools, cluster=cluster)
+
+
 @pytest.fixture(scope="session")
 def kafka4(kafka_cluster: KafkaCluster, traffic: Traffic) -> Iterator[Target]:
-    node_ids = [node.node_id for node in kafka_cluster.nodes]
-    proxy, advertised = _start_proxy(traffic, kafka_cluster.bootstrap_servers, node_ids)
-    with proxy:
-        yield Target("kafka-" + kafka_cluster.version, proxy, node_ids, advertised,
-                     _kafka_listeners(kafka_cluster), tools=kafka_cluster.tools, cluster=kafka_cluster)
+    yield from _kafka_target(kafka_cluster, traffic)
 
 
 @pytest.fixture(scope="session")
 def kafka3(kafka3_cluster: KafkaCluster, traffic: Traffic) -> Iterator[Target]:
-    node_ids = [node.node_id for node in kafka3_cluster.nodes]
-    proxy, advertised = _start_proxy(traffic, kafka3_cluster.bootstrap_servers, node_ids)
-    with proxy:
-        yield Target("kafka-" + kafka3_cluster.version, proxy, node_ids, advertised,
-                     _kafka_listeners(kafka3_cluster), tools=kafka3_cluster.tools, cluster=kafka3_cluster)
+    yield from _kafka_target(kafka3_cluster, traffic)
 
 
 @pytest.fixture(scope="session")
@@ -293,7 +281,7 @@ def ck_create_topic(target: Target, topic: str, partitions: int = 3, config: dic
     futures = admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})], operation_timeout=30)
     futures[topic].result(DEADLINE_S)
     # Wait until the new topic has leaders: the first produce then needs no retry.
-    wait_until(lambda: _ck_leaders_ready(admin, topic, partitions), f"leaders of {topic}")
+    wait_for(lambda: _ck_leaders_ready(admin, topic, partitions), DEADLINE_S, f"leaders of {topic}")
 
 
 def _ck_leaders_ready(admin, topic: str, partitions: int) -> bool:
@@ -384,6 +372,16 @@ def ck_assigned_consumer(target: Target, topic: str, partitions: int, **config):
                          "enable.auto.commit": False, "session.timeout.ms": SESSION_TIMEOUT_MS, **config})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     return consumer
+
+
+def ck_read_back_exactly_once(target: Target, topic: str, sent, partitions: int) -> None:
+    """Read ``topic`` from its beginning (an assigned consumer): exactly ``sent``, once each."""
+    consumer = ck_assigned_consumer(target, topic, partitions)
+    try:
+        received = ck_consume([consumer], len(sent))
+        assert_exactly_once(sent, received, ck_log_records(consumer, topic, partitions))
+    finally:
+        consumer.close()
 
 
 # -- 1. Kafka's Java tools ----------------------------------------------------------------
@@ -477,12 +475,7 @@ def test_confluent_codec(kafka4: Target, traffic: Traffic, codec: str) -> None:
     ck_produce(kafka4, topic, sent, **{"compression.type": codec})
     assert codec in traffic.produce_codecs, f"produced with {traffic.produce_codecs}, not {codec}"
 
-    consumer = ck_assigned_consumer(kafka4, topic, 3)
-    try:
-        received = ck_consume([consumer], len(sent))
-        assert_exactly_once(sent, received, ck_log_records(consumer, topic, 3))
-    finally:
-        consumer.close()
+    ck_read_back_exactly_once(kafka4, topic, sent, 3)
     assert_no_upstream_address(kafka4, traffic)
 
 
@@ -494,12 +487,7 @@ def test_confluent_idempotent_producer(kafka4: Target, traffic: Traffic) -> None
                                        "max.in.flight.requests.per.connection": 5})
     assert "InitProducerId" in traffic.api_versions
 
-    consumer = ck_assigned_consumer(kafka4, topic, 3)
-    try:
-        received = ck_consume([consumer], len(sent))
-        assert_exactly_once(sent, received, ck_log_records(consumer, topic, 3))
-    finally:
-        consumer.close()
+    ck_read_back_exactly_once(kafka4, topic, sent, 3)
     assert_no_upstream_address(kafka4, traffic)
 
 
@@ -559,7 +547,7 @@ def _ck_wait_assigned(consumers: list, partitions: int) -> None:
             assert msg is None, f"a message arrived before anything was produced: {msg}"
         sizes = [len(consumer.assignment()) for consumer in consumers]
         return sum(sizes) == partitions and all(sizes)
-    wait_until(settled, f"{len(consumers)} consumers to share {partitions} partitions", interval=0)
+    wait_for(settled, DEADLINE_S, f"{len(consumers)} consumers to share {partitions} partitions")
 
 
 def _ck_describe_group(target: Target, admin, group: str):
@@ -666,7 +654,7 @@ def kp_create_topic(target: Target, topic: str, partitions: int = 3, **client) -
     admin = KafkaAdminClient(bootstrap_servers=target.bootstrap, **client)
     try:
         admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
-        wait_until(lambda: _kp_leaders_ready(admin, topic, partitions), f"leaders of {topic}")
+        wait_for(lambda: _kp_leaders_ready(admin, topic, partitions), DEADLINE_S, f"leaders of {topic}")
     finally:
         admin.close()
 

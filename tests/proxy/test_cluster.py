@@ -34,10 +34,9 @@ from kproxy.embedded import KAFKA_4_VERSION, KafkaCluster
 from kproxy.protocol import Struct, decode_response
 from kproxy.protocol.connection import RequestReceived, ResponseReceived
 from tests.proxy.certs import PKI, make_pki, openssl_available
-from tests.proxy.harness import ProxyThread
-from tests.proxy.test_faults import (METADATA, RawClient, api_versions_ok, framed, http_status,
-                                     kproxy_log, wait_for)  # noqa: F401 - kproxy_log: a fixture
-from tests.proxy.harness import free_ports
+from tests.proxy.harness import ProxyThread, Traffic, free_ports, http_status, wait_for
+from tests.proxy.test_faults import METADATA, RawClient, api_versions_ok, framed
+from tests.proxy.test_faults import kproxy_log  # noqa: F401 - a fixture
 from tests.proxy.test_proxy_e2e import client_bytes  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
@@ -139,43 +138,24 @@ def cluster3(require_kafka) -> Iterator[KafkaCluster]:
         yield cluster
 
 
-class Traffic:
-    """A producer (acks=all, idempotent) and a group consumer, each on its own thread."""
-
-    def __init__(self, bootstrap: str, topic: str):
-        self.bootstrap, self.topic = bootstrap, topic
-        self.produced = 0
-        self.delivered: set[int] = set()
-        self.consumed: set[int] = set()
-        self.delivery_errors: list = []
-        self.crashes: list[BaseException] = []
-        self._stop_producing = threading.Event()
-        self._stop_consuming = threading.Event()
-        self._threads = [threading.Thread(target=self._guard, args=(f,), daemon=True)
-                         for f in (self._produce, self._consume)]
-
-    def _guard(self, body):
-        try:
-            body()
-        except BaseException as exc:          # noqa: BLE001 - reported by check()
-            self.crashes.append(exc)
+class ConfluentTraffic(Traffic):
+    """``Traffic`` with confluent-kafka (librdkafka) clients."""
 
     def _on_delivery(self, err, msg):
         if err is None:
-            self.delivered.add(int(msg.value()))
+            self.acknowledged(int(msg.value()))
         else:
-            self.delivery_errors.append(err)
+            self.failed(err)
 
     def _produce(self):
         from confluent_kafka import Producer
         producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
                              "enable.idempotence": True, "linger.ms": 5})
-        while not self._stop_producing.is_set():
-            producer.produce(self.topic, key=str(self.produced), value=str(self.produced),
-                             on_delivery=self._on_delivery)
-            self.produced += 1
+        while self.producing():
+            number = self.next_number()
+            producer.produce(self.topic, key=str(number), value=str(number), on_delivery=self._on_delivery)
             producer.poll(PRODUCE_INTERVAL_S)
-        assert producer.flush(120) == 0
+        assert producer.flush(self.timeout) == 0
 
     def _consume(self):
         from confluent_kafka import Consumer
@@ -183,37 +163,12 @@ class Traffic:
                              "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
         consumer.subscribe([self.topic])
         try:
-            while not self._stop_consuming.is_set():
+            while self.consuming():
                 msg = consumer.poll(0.2)
                 if msg is not None and msg.error() is None:
                     self.consumed.add(int(msg.value()))
         finally:
             consumer.close()
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def check(self) -> None:
-        assert not self.crashes, self.crashes
-
-    def wait_for_progress(self, count: int, what: str) -> None:
-        """Wait until ``count`` more messages are both acknowledged and consumed."""
-        delivered, consumed = len(self.delivered), len(self.consumed)
-        wait_for(lambda: self.check() or (len(self.delivered) >= delivered + count
-                                          and len(self.consumed) >= consumed + count),
-                 CONSUME_TIMEOUT_S, f"{count} messages through kproxy {what}")
-
-    def finish(self) -> None:
-        """Stop producing, flush, then consume until every acknowledged message arrived."""
-        self._stop_producing.set()
-        self._threads[0].join(150)
-        self.check()
-        wait_for(lambda: self.check() or self.delivered <= self.consumed, CONSUME_TIMEOUT_S,
-                 "every acknowledged message to be consumed")
-        self._stop_consuming.set()
-        self._threads[1].join(30)
-        self.check()
 
 
 def led_topic(admin, topic: str):
@@ -230,6 +185,36 @@ def partition_leader(admin, topic: str, partition: int) -> int:
     return metadata.topics[topic].partitions[partition].leader
 
 
+def mapped_gateway(cluster: KafkaCluster, observers=(), **settings) -> ProxyThread:
+    """A gateway kproxy before ``cluster`` (to be started with ``with``), a free port mapped
+    to each node; ``.advertised``: the broker addresses it hands out."""
+    ports = dict(zip([n.node_id for n in cluster.nodes], free_ports(len(cluster.nodes))))
+    proxy = ProxyThread(observers=observers, upstream=cluster.bootstrap_servers, broker_port_rule="map",
+                        broker_port_map=ports, shutdown_timeout=SHUTDOWN_TIMEOUT_S, **settings)
+    proxy.advertised = {("127.0.0.1", p) for p in ports.values()}
+    return proxy
+
+
+def stop_partition_0_leader(cluster: KafkaCluster, admin, topic: str) -> int:
+    """Stop the node that leads ``topic``'s partition 0; return its id once another leads."""
+    leader = partition_leader(admin, topic, 0)
+    cluster.stop_node(leader)
+    wait_for(lambda: partition_leader(admin, topic, 0) not in (leader, -1),
+             LEADER_MOVE_TIMEOUT_S, "partition 0 to get a new leader")
+    return leader
+
+
+def leads_again(admin, topic: str, partitions: int, leader: int) -> bool:
+    """Ask for every partition's preferred leader; whether ``leader`` (partition 0's
+    preferred replica) leads partition 0 again. The election fails until it is back in
+    sync: poll this."""
+    from confluent_kafka import ElectionType, TopicPartition
+    with contextlib.suppress(Exception):
+        admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, p) for p in range(partitions)]
+                            ).result(ADMIN_TIMEOUT_S)
+    return partition_leader(admin, topic, 0) == leader
+
+
 def listener_names(proxy: ProxyThread) -> set[str]:
     async def names():
         return set(proxy.runtime.proxy.listeners)
@@ -239,15 +224,11 @@ def listener_names(proxy: ProxyThread) -> set[str]:
 class TestThreeBrokers:
 
     def test_gateway_follows_the_leader_across_a_broker_restart(self, cluster3, client_bytes):
-        from confluent_kafka import ElectionType, TopicPartition
         from confluent_kafka.admin import AdminClient
 
-        ports = dict(zip([n.node_id for n in cluster3.nodes], free_ports(3)))
-        advertised = {("127.0.0.1", p) for p in ports.values()}
         trace, observe = api_trace()
-        with ProxyThread(observers=[observe], upstream=cluster3.bootstrap_servers,
-                         broker_port_rule="map", broker_port_map=ports,
-                         shutdown_timeout=SHUTDOWN_TIMEOUT_S) as proxy:
+        with mapped_gateway(cluster3, [observe]) as proxy:
+            advertised = proxy.advertised
             admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
             topic = topic_name("restart")
             create_topic(admin, topic, partitions=6, replication=3, **{"min.insync.replicas": "2"})
@@ -256,14 +237,11 @@ class TestThreeBrokers:
             wait_for(lambda: listener_names(proxy) == all_listeners, ADMIN_TIMEOUT_S,
                      "one listener per broker")
 
-            traffic = Traffic(proxy.bootstrap, topic)
+            traffic = ConfluentTraffic(proxy.bootstrap, topic, CONSUME_TIMEOUT_S)
             traffic.start()
             traffic.wait_for_progress(PROGRESS, "before the restart")
 
-            leader = partition_leader(admin, topic, 0)
-            cluster3.stop_node(leader)
-            wait_for(lambda: partition_leader(admin, topic, 0) not in (leader, -1),
-                     LEADER_MOVE_TIMEOUT_S, "partition 0 to get a new leader")
+            leader = stop_partition_0_leader(cluster3, admin, topic)
             traffic.wait_for_progress(PROGRESS, f"while node {leader} is down")
             wait_for(lambda: len(admin.list_topics(timeout=ADMIN_TIMEOUT_S).brokers) == 2
                      and f"broker-{leader}" not in listener_names(proxy),
@@ -276,13 +254,8 @@ class TestThreeBrokers:
 
             # Hand leadership back to the restarted broker (it is partition 0's preferred
             # replica) once it is in sync again: clients must find it at its new listener.
-            def leader_returned() -> bool:
-                with contextlib.suppress(Exception):
-                    admin.elect_leaders(ElectionType.PREFERRED,
-                                        [TopicPartition(topic, p) for p in range(6)]
-                                        ).result(ADMIN_TIMEOUT_S)
-                return partition_leader(admin, topic, 0) == leader
-            wait_for(leader_returned, LEADER_MOVE_TIMEOUT_S, f"node {leader} to lead again")
+            wait_for(lambda: leads_again(admin, topic, 6, leader), LEADER_MOVE_TIMEOUT_S,
+                     f"node {leader} to lead again")
             returned = time.monotonic()
             traffic.wait_for_progress(PROGRESS, f"after node {leader} leads again")
             traffic.finish()
@@ -348,12 +321,9 @@ class TestThreeBrokers:
         """DescribeQuorum lists the controllers' listeners under the same node ids as the
         brokers (combined mode): kproxy hides those addresses too, but must keep routing
         broker-<id> to the broker (it used to re-point it at the controller port)."""
-        ports = dict(zip([n.node_id for n in cluster3.nodes], free_ports(3)))
-        advertised = {("127.0.0.1", p) for p in ports.values()}
         trace, observe = api_trace()
-        with ProxyThread(observers=[observe], upstream=cluster3.bootstrap_servers,
-                         broker_port_rule="map", broker_port_map=ports,
-                         shutdown_timeout=SHUTDOWN_TIMEOUT_S) as proxy:
+        with mapped_gateway(cluster3, [observe]) as proxy:
+            advertised = proxy.advertised
             client = RawClient(proxy.bootstrap)
             client.roundtrip(METADATA, 12, topics=None)
             quorum = client.roundtrip(DESCRIBE_QUORUM, 2, topics=[Struct(
@@ -361,8 +331,8 @@ class TestThreeBrokers:
             client.close()
             listed = {(l.host, l.port) for node in quorum.body.nodes for l in node.listeners}
             assert listed == advertised
-            for port in ports.values():               # each broker listener still reaches a broker
-                broker = RawClient(("127.0.0.1", port))
+            for address in advertised:                # each broker listener still reaches a broker
+                broker = RawClient(address)
                 metadata = broker.roundtrip(METADATA, 12, topics=None)
                 assert {(b.host, b.port) for b in metadata.body.brokers} == advertised
                 broker.close()
@@ -479,15 +449,11 @@ def impostor(pki) -> Iterator[Impostor]:
 
 
 def tls_proxy(cluster: KafkaCluster, pki: PKI, observers=(), **tls_server) -> ProxyThread:
-    ports = dict(zip([n.node_id for n in cluster.nodes], free_ports(len(cluster.nodes))))
-    proxy = ProxyThread(
-        observers=observers, upstream=cluster.bootstrap_servers, broker_port_rule="map",
-        broker_port_map=ports, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    return mapped_gateway(
+        cluster, observers,
         tls_client={"ca_file": str(pki.ca), "cert_file": str(pki.client.cert),
                     "key_file": str(pki.client.key), "check_hostname": True},
         tls_server={"cert_file": str(pki.server.cert), "key_file": str(pki.server.key), **tls_server})
-    proxy.advertised = {("127.0.0.1", p) for p in ports.values()}
-    return proxy
 
 
 def ssl_config(proxy: ProxyThread, pki: PKI, **extra) -> dict:
@@ -618,13 +584,9 @@ def sasl_cluster(require_kafka) -> Iterator[KafkaCluster]:
 
 @pytest.fixture
 def sasl_proxy(sasl_cluster) -> Iterator[ProxyThread]:
-    ports = {1: free_ports(1)[0]}
     trace, observe = api_trace()
-    with ProxyThread(observers=[observe], upstream=sasl_cluster.bootstrap_servers,
-                     broker_port_rule="map", broker_port_map=ports,
-                     shutdown_timeout=SHUTDOWN_TIMEOUT_S) as proxy:
+    with mapped_gateway(sasl_cluster, [observe]) as proxy:
         proxy.trace = trace
-        proxy.advertised = {("127.0.0.1", p) for p in ports.values()}
         yield proxy
 
 

@@ -21,7 +21,6 @@ import socket
 import struct
 import threading
 import time
-import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -31,8 +30,8 @@ import pytest
 from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy.relay import READ_CHUNK, WRITE_HIGH_WATER
-from tests.proxy.harness import ProxyThread
-from tests.proxy.harness import free_ports
+from tests.proxy.harness import (KproxyProcess, ProxyThread, free_ports, http_status, silent_port,
+                                  wait_for)
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
@@ -46,7 +45,6 @@ CLOSE_TIMEOUT_S = 10.0
 RESPONSE_TIMEOUT_S = 30.0         # a broker answer on a busy 2-core machine
 ADMIN_TIMEOUT_S = 30.0
 LONG_POLL_MS = 60_000             # a Fetch long-poll that would outlive every test if not cut
-POLL_S = 0.05                     # how often a deadline loop re-checks its condition
 
 BIG_TOPIC_BYTES = 50 * 1024 * 1024
 BIG_RECORD_BYTES = 100 * 1024     # under the broker's 1 MiB message.max.bytes
@@ -170,18 +168,6 @@ def api_versions_ok(client: RawClient) -> None:
 
 # ---------------------------------------------------------------- proxy and broker helpers
 
-def wait_for(condition, timeout: float, what: str):
-    """Poll ``condition()`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(POLL_S)
-
-
 @dataclass(frozen=True)
 class RelayState:
     client_port: int
@@ -212,14 +198,6 @@ def relay_count(proxy: ProxyThread) -> int:
     async def count():
         return len(proxy.runtime.proxy.relays)
     return proxy.call(count())
-
-
-def http_status(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=RESPONSE_TIMEOUT_S) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def create_topic(bootstrap: str, partitions: int = 1) -> str:
@@ -700,15 +678,8 @@ def test_readiness_asks_the_broker_not_just_its_port(caplog):
     """A broker that is stopped (SIGSTOP) or wedged still has its port accept TCP (the
     kernel completes the handshake into the listen backlog): /readyz must say 503, because
     it asks for ApiVersions (was: 200, from a TCP connect alone)."""
-    wedged = socket.socket()
-    wedged.bind(("127.0.0.1", 0))
-    wedged.listen(16)                                 # never accepted, never answered
-    try:
-        host, port = wedged.getsockname()
-        with ProxyThread(upstream=f"{host}:{port}") as proxy:
-            status, body = http_status(proxy.admin_url + "/readyz")
-    finally:
-        wedged.close()
+    with silent_port() as (host, port), ProxyThread(upstream=f"{host}:{port}") as proxy:
+        status, body = http_status(proxy.admin_url + "/readyz")
     assert status == 503 and f"{host}:{port}: TimeoutError" in body, (status, body)
 
 
@@ -716,47 +687,24 @@ def test_the_open_file_limit_refuses_with_a_reason_instead_of_dropping_silently(
     """At the open-file limit uvloop accepts and closes new clients without a word. kproxy
     stops taking connections while descriptors are left, and says why (log + metric)."""
     import resource
-    import subprocess
-    import sys
 
     hard_limit = 160
-    upstream = socket.socket()
-    upstream.bind(("127.0.0.1", 0))
-    upstream.listen(1024)                 # connects complete in the backlog; never answered
-    listen, admin = free_ports(2)
-    log_path = tmp_path / "kproxy.log"
 
     def limit_files():
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard_limit, hard_limit))
 
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kproxy", "run", "--upstream", "%s:%d" % upstream.getsockname(),
-             "--listen", f"127.0.0.1:{listen}", "--admin-listen", f"127.0.0.1:{admin}"],
-            stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=limit_files)
-    clients = []
-    try:
-        def started() -> bool:
-            try:
-                return http_status(f"http://127.0.0.1:{admin}/healthz")[0] == 200
-            except OSError:
-                return False
-
-        wait_for(started, 30, "kproxy to start")
+    # The upstream's connects complete in its backlog and are never answered.
+    with silent_port() as upstream, \
+            KproxyProcess(tmp_path, upstream="%s:%d" % upstream, ready="/healthz",
+                          preexec_fn=limit_files) as kproxy, contextlib.ExitStack() as clients:
         for _ in range(hard_limit):       # more than it can hold: two sockets per connection
-            clients.append(socket.create_connection(("127.0.0.1", listen)))
-        wait_for(lambda: "refusing connection" in log_path.read_text(), 10, "the refusal to be logged")
-        text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10).read().decode()
+            clients.enter_context(socket.create_connection(("127.0.0.1", kproxy.listen_port)))
+        wait_for(lambda: "refusing connection" in kproxy.log_text(), 10, "the refusal to be logged")
+        text = urllib.request.urlopen(kproxy.admin_url + "/metrics", timeout=10).read().decode()
         refused = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                       if line.startswith("kproxy_connections_closed_total{") and 'reason="fd_limit"' in line)
         assert refused > 0
-        assert http_status(f"http://127.0.0.1:{admin}/healthz")[0] == 200   # still serving
-    finally:
-        for client in clients:
-            client.close()
-        proc.terminate()
-        proc.wait(timeout=30)
-        upstream.close()
-    logged = log_path.read_text()
+        assert http_status(kproxy.admin_url + "/healthz")[0] == 200   # still serving
+    logged = kproxy.log_text()
     assert "allows" in logged and "fewer than max_connections" in logged    # said at start
     assert logged.count("open file limit (160) leaves room") == 1           # said once, counted after

@@ -10,9 +10,8 @@ closes and trims the heap once a burst of held frames is over.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -21,8 +20,7 @@ import pytest
 from kproxy.proxy import relay as relay_module
 from kproxy.proxy.relay import TRIM_AFTER_BURST_BYTES, BufferBudget
 from tests.protocol.test_connection import produce_v9
-from tests.proxy.harness import free_ports
-from tests.proxy.test_faults import http_status, wait_for
+from tests.proxy.harness import KproxyProcess, wait_for
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -110,40 +108,21 @@ class DiscardUpstream:
 
 def test_rss_falls_back_after_a_burst_of_half_frames_closes(tmp_path):
     upstream = DiscardUpstream()
-    listen, admin = free_ports(2)
     rest = b"\x00\x00\x03\xe8\x01\x00"
     frame = produce_v9(1, acks=1, rest=rest + b"r" * (FRAME_BYTES - len(rest)))
     half = frame[:len(frame) // 2]
-    with open(tmp_path / "kproxy.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "kproxy", "run", "--upstream",
-                                 f"127.0.0.1:{upstream.port}", "--listen", f"127.0.0.1:{listen}",
-                                 "--admin-listen", f"127.0.0.1:{admin}", "--broker-port-base", "0"],
-                                stdout=log, stderr=subprocess.STDOUT)
-    clients = []
-    try:
-        def started():
-            try:
-                return http_status(f"http://127.0.0.1:{admin}/healthz")[0] == 200
-            except OSError:
-                return False
-        wait_for(started, 30, "kproxy to start")
-        before = rss(proc.pid)
+    # /healthz: an upstream that never answers is never ready.
+    with contextlib.closing(upstream), \
+            KproxyProcess(tmp_path, upstream=f"127.0.0.1:{upstream.port}", broker_port_base=0,
+                          ready="/healthz") as kproxy, contextlib.ExitStack() as clients:
+        before = rss(kproxy.pid)
         for _ in range(BURST_CONNECTIONS):
-            client = socket.create_connection(("127.0.0.1", listen))
+            client = clients.enter_context(socket.create_connection(("127.0.0.1", kproxy.listen_port)))
             client.sendall(half)
-            clients.append(client)
         wait_for(lambda: upstream.received >= len(half) * BURST_CONNECTIONS, 30, "the burst to pass")
-        peak = rss(proc.pid)
+        peak = rss(kproxy.pid)
         added = peak - before
         assert added > BURST_CONNECTIONS * len(half) // 2      # the burst was held: something to give back
-        for client in clients:
-            client.close()
-        clients = []
-        wait_for(lambda: rss(proc.pid) < peak - added // 2, SETTLE_TIMEOUT_S,
+        clients.close()
+        wait_for(lambda: rss(kproxy.pid) < peak - added // 2, SETTLE_TIMEOUT_S,
                  f"RSS to fall by half of the {added >> 20} MiB the burst added (peak {peak >> 20} MiB)")
-    finally:
-        for client in clients:
-            client.close()
-        proc.terminate()
-        proc.wait(30)
-        upstream.close()

@@ -28,7 +28,8 @@ import pytest
 from kproxy import config as config_module
 from kproxy.proxy import admin as admin_module
 from kproxy.proxy.probes import READY_WAIT_S
-from tests.proxy.harness import ProxyThread, children_of, exited, free_ports, process_state
+from tests.proxy.harness import (ProxyThread, children_of, exited, free_ports, http_status, process_state,
+                                 silent_port, wait_for)
 
 PROBE_ANY = "127.0.0.1:0"
 ANSWER_TIMEOUT_S = 10.0
@@ -43,19 +44,7 @@ KPROXY_RUN = ("import sys; from kproxy.proxy import probes; probes.LOOP_STALL_LI
 
 
 def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=ANSWER_TIMEOUT_S) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    return http_status(url, ANSWER_TIMEOUT_S)
 
 
 def test_probe_listen_from_file_env_and_flags():
@@ -155,16 +144,10 @@ def test_healthz_turns_503_when_the_event_loop_is_blocked():
 
 def test_readyz_on_the_probe_port_is_503_when_the_broker_does_not_answer():
     """A port that accepts TCP but never answers (a stopped broker): 503 naming it."""
-    wedged = socket.socket()
-    wedged.bind(("127.0.0.1", 0))
-    wedged.listen(16)                                     # never accepted, never answered
-    host, port = wedged.getsockname()
-    try:
-        with ProxyThread(upstream=f"{host}:{port}", probe_listen=PROBE_ANY) as proxy:
-            status, body = get(proxy.runtime.probe_url + "/readyz")
-            healthz = get(proxy.runtime.probe_url + "/healthz")[0]
-    finally:
-        wedged.close()
+    with silent_port() as (host, port), \
+            ProxyThread(upstream=f"{host}:{port}", probe_listen=PROBE_ANY) as proxy:
+        status, body = get(proxy.runtime.probe_url + "/readyz")
+        healthz = get(proxy.runtime.probe_url + "/healthz")[0]
     assert status == 503 and f"{host}:{port}: TimeoutError" in body, (status, body)
     assert healthz == 200                                   # alive, only not ready
 

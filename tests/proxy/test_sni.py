@@ -41,11 +41,12 @@ from kproxy.proxy.server import Proxy
 from kproxy.proxy.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
 from tests.proxy.certs import SNI_DOMAIN, make_pki, openssl_available
 from tests.proxy import test_rewrite
-from tests.proxy.harness import ProxyThread
+from tests.proxy.harness import ProxyThread, Traffic, wait_for
 from tests.proxy.test_cluster import (  # noqa: F401 - cluster3, tls_cluster: fixtures
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
-    assert_no_upstream_address, cluster3, create_topic, partition_leader, port_free_on, tls_cluster,
-    topic_name, upstream_addresses, wait_for)
+    assert_no_upstream_address, cluster3, create_topic, leads_again, port_free_on, stop_partition_0_leader,
+    tls_cluster,
+    topic_name, upstream_addresses)
 from tests.proxy.test_faults import kproxy_log  # noqa: F401 - a fixture
 from tests.proxy.test_proxy_e2e import client_bytes  # noqa: F401 - a fixture
 
@@ -569,7 +570,6 @@ class TestOnePortThreeBrokers:
         consuming, and Kafka's Java console consumer keeps consuming, while partition 0's
         leader is stopped, restarted and made leader again: each finds every new leader at
         that node's name, on the same port, and nothing is lost."""
-        from confluent_kafka import ElectionType, TopicPartition
         from confluent_kafka.admin import AdminClient
         from kproxy.embedded import run_tool
 
@@ -583,7 +583,7 @@ class TestOnePortThreeBrokers:
         with sni_proxy(cluster3, pki, [observe]) as proxy, hosts.in_this_process():
             port = proxy.runtime.proxy.bootstrap_address[1]
             advertised = {(name_of(n), port) for n in ids}
-            traffic = KpTraffic(f"{BOOTSTRAP_NAME}:{port}", topic, kp_ssl(pki))
+            traffic = KafkaPythonTraffic(f"{BOOTSTRAP_NAME}:{port}", topic, kp_ssl(pki))
             traffic.start()
             if not mount_namespaces_available():
                 pytest.fail("confluent-kafka's part needs `unshare --mount` (a private /etc/hosts)",
@@ -607,22 +607,11 @@ class TestOnePortThreeBrokers:
                 traffic.wait_for_progress(PROGRESS, "before the move")
                 wait_for(lambda: any(java_fetch(e) for _, _, e in list(trace)), CONSUME_TIMEOUT_S,
                          "the Java consumer to fetch")
-                leader = partition_leader(admin, topic, 0)
-                cluster3.stop_node(leader)
-                wait_for(lambda: partition_leader(admin, topic, 0) not in (leader, -1),
-                         LEADER_MOVE_TIMEOUT_S, "partition 0 to get a new leader")
+                leader = stop_partition_0_leader(cluster3, admin, topic)
                 traffic.wait_for_progress(PROGRESS, f"while node {leader} is down")
                 cluster3.start_node(leader)
-
-                def leader_returned() -> bool:
-                    try:
-                        admin.elect_leaders(ElectionType.PREFERRED,
-                                            [TopicPartition(topic, p) for p in range(3)]
-                                            ).result(ADMIN_TIMEOUT_S)
-                    except Exception:          # noqa: BLE001 - not in sync yet: try again
-                        pass
-                    return partition_leader(admin, topic, 0) == leader
-                wait_for(leader_returned, LEADER_MOVE_TIMEOUT_S, f"node {leader} to lead again")
+                wait_for(lambda: leads_again(admin, topic, 3, leader), LEADER_MOVE_TIMEOUT_S,
+                         f"node {leader} to lead again")
                 returned = time.monotonic()
                 traffic.wait_for_progress(PROGRESS, f"after node {leader} leads again")
             finally:
@@ -638,9 +627,9 @@ class TestOnePortThreeBrokers:
             read = set(java_read.stdout.split())
             assert {str(n) for n in traffic.delivered} <= read, java_read.stderr[-3000:]
             assert len({v for v in read if v.startswith("ck-")}) == report["delivered"]
-            assert not traffic.errors, traffic.errors[:3]
+            assert not traffic.delivery_errors, traffic.delivery_errors[:3]
             assert traffic.delivered == set(range(traffic.produced)), "a message was not acknowledged"
-            assert traffic.delivered <= traffic.consumed
+            assert traffic.delivered <= traffic.read_back
             producers = produce_clients([(t, l, e) for t, l, e in trace
                                          if t > returned and l == f"broker-{leader}"])
             assert any(c.startswith("kafka-python") for c in producers) and "rdkafka" in producers, \
@@ -651,41 +640,28 @@ class TestOnePortThreeBrokers:
         assert_no_upstream_address(client_bytes, upstream_addresses(cluster3), advertised)
 
 
-class KpTraffic:
-    """A kafka-python producer (acks=all) and group consumer, each on its own thread."""
+class KafkaPythonTraffic(Traffic):
+    """``Traffic`` with kafka-python clients; ``finish`` reads the topic back with a fresh consumer."""
 
     def __init__(self, bootstrap: str, topic: str, ssl_settings: dict):
-        import threading
-        self.bootstrap, self.topic, self.ssl = bootstrap, topic, ssl_settings
-        self.produced = 0
-        self.delivered: set[int] = set()
-        self.consumed: set[int] = set()
-        self.errors: list = []
-        self._stop_producing, self._stop_consuming = threading.Event(), threading.Event()
-        self._threads = [threading.Thread(target=self._guard, args=(f,), daemon=True)
-                         for f in (self._produce, self._consume)]
-
-    def _guard(self, body):
-        try:
-            body()
-        except BaseException as exc:          # noqa: BLE001 - reported by check()
-            self.errors.append(exc)
+        super().__init__(bootstrap, topic, CONSUME_TIMEOUT_S)
+        self.ssl = ssl_settings
+        self.read_back: set[int] = set()
 
     def _produce(self):
         from kafka import KafkaProducer
         producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5,
                                  enable_idempotence=True, **self.ssl)
         try:
-            while not self._stop_producing.is_set():
-                number = self.produced
+            while self.producing():
+                number = self.next_number()
                 future = producer.send(self.topic, str(number).encode())
-                future.add_callback(lambda _meta, n=number: self.delivered.add(n))
-                future.add_errback(self.errors.append)
-                self.produced += 1
+                future.add_callback(lambda _meta, n=number: self.acknowledged(n))
+                future.add_errback(self.failed)
                 time.sleep(PRODUCE_INTERVAL_S)
-            producer.flush(CONSUME_TIMEOUT_S)
+            producer.flush(self.timeout)
         finally:
-            producer.close(CONSUME_TIMEOUT_S)
+            producer.close(self.timeout)
 
     def _consume(self):
         from kafka import KafkaConsumer
@@ -693,34 +669,43 @@ class KpTraffic:
                                  auto_offset_reset="earliest", session_timeout_ms=SESSION_TIMEOUT_MS,
                                  **self.ssl)
         try:
-            while not self._stop_consuming.is_set():
+            while self.consuming():
                 for records in consumer.poll(timeout_ms=200).values():   # not confluent's ck-<n>
                     self.consumed.update(int(r.value) for r in records if r.value.isdigit())
         finally:
             consumer.close()
 
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def check(self) -> None:
-        crashes = [e for e in self.errors if not isinstance(e, Exception) or isinstance(e, AssertionError)]
-        assert not crashes, crashes
-
-    def wait_for_progress(self, count: int, what: str) -> None:
-        delivered, consumed = len(self.delivered), len(self.consumed)
-        wait_for(lambda: self.check() or (len(self.delivered) >= delivered + count
-                                          and len(self.consumed) >= consumed + count),
-                 CONSUME_TIMEOUT_S, f"{count} messages through kproxy {what}")
-
     def finish(self) -> None:
-        """Stop producing and flush, then consume until every acknowledged message arrived."""
-        self._stop_producing.set()
-        self._threads[0].join(CONSUME_TIMEOUT_S + 30)
-        wait_for(lambda: self.delivered <= self.consumed, CONSUME_TIMEOUT_S,
-                 "every acknowledged message to be consumed")
-        self._stop_consuming.set()
-        self._threads[1].join(30)
+        """Stop both clients, then read the topic from its beginning with a fresh consumer
+        (``read_back``) until it holds every acknowledged message.
+
+        A fresh reader, not the long-running group member: on a loaded machine that one's
+        client loop can be starved for seconds at a time (missed heartbeats, rebalances),
+        which says nothing about kproxy. The wait lasts as long as the reader makes
+        progress, and fails after ``timeout`` without any.
+        """
+        from kafka import KafkaConsumer, TopicPartition
+        self.stop_producing()
+        self.stop_consuming()
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
+                                 enable_auto_commit=False, **self.ssl)
+        try:
+            partitions = wait_for(lambda: consumer.partitions_for_topic(self.topic), self.timeout,
+                                  f"{self.topic}'s partitions")
+            consumer.assign([TopicPartition(self.topic, p) for p in sorted(partitions)])
+            consumer.seek_to_beginning()
+            progressed = time.monotonic()
+            while not self.delivered <= self.read_back:
+                assert time.monotonic() - progressed < self.timeout, (
+                    f"the fresh reader got no message for {self.timeout:g}s; "
+                    f"{len(self.delivered - self.read_back)} acknowledged ones unread")
+                for records in consumer.poll(timeout_ms=500).values():
+                    numbers = {int(r.value) for r in records if r.value.isdigit()}
+                    if not numbers <= self.read_back:
+                        progressed = time.monotonic()
+                    self.read_back |= numbers
+        finally:
+            consumer.close()
 
 
 def api_versions_answer(address: tuple[str, int], pki, server_name: str, identity=None) -> bytes | str:

@@ -10,14 +10,12 @@ arrives intact.
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 import uuid
 
 import pytest
 
-from tests.proxy.harness import free_ports
-from tests.proxy.test_faults import FETCH, FETCH_VERSION, RawClient, fetch_fields, http_status, wait_for
+from tests.proxy.harness import KproxyProcess, free_ports, http_status
+from tests.proxy.test_faults import FETCH, FETCH_VERSION, RawClient, fetch_fields
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -45,28 +43,11 @@ def proc_status(pid: int) -> dict[str, int]:
 @pytest.fixture
 def kproxy_process(kafka_cluster, tmp_path):
     """``kproxy run`` in its own process (its memory is measured alone), in front of the broker."""
-    listen, admin, *broker_ports = free_ports(2 + len(kafka_cluster.nodes))
-    port_map = ",".join(f"{n.node_id}={p}" for n, p in zip(kafka_cluster.nodes, broker_ports))
-    log = open(tmp_path / "kproxy.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kproxy", "run", "--upstream", kafka_cluster.bootstrap_servers,
-         "--listen", f"127.0.0.1:{listen}", "--admin-listen", f"127.0.0.1:{admin}",
-         "--broker-port-rule", "map", "--broker-port-map", port_map],
-        stdout=log, stderr=subprocess.STDOUT)
-    try:
-        def started() -> bool:
-            try:
-                return http_status(f"http://127.0.0.1:{admin}/readyz")[0] == 200
-            except OSError:
-                return False
-        wait_for(started, 30, "kproxy to start")
-        proc.bootstrap = f"127.0.0.1:{listen}"
-        proc.metrics_url = f"http://127.0.0.1:{admin}/metrics"
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+    listen, admin, *broker_ports = free_ports(2 + len(kafka_cluster.nodes))     # all distinct
+    with KproxyProcess(tmp_path, upstream=kafka_cluster.bootstrap_servers, listen=f"127.0.0.1:{listen}",
+                       admin_listen=f"127.0.0.1:{admin}", broker_port_rule="map",
+                       broker_port_map={n.node_id: p for n, p in zip(kafka_cluster.nodes, broker_ports)}) as kproxy:
+        yield kproxy
 
 
 def test_a_50_mib_produce_and_its_fetch_stream_through_without_being_held(kafka_cluster, kproxy_process):
@@ -110,7 +91,7 @@ def test_a_50_mib_produce_and_its_fetch_stream_through_without_being_held(kafka_
     records = bytes(partition.records)
     assert partition.error_code == 0 and len(records) > RECORD_BYTES
     assert records.find(value) > 0, "the record did not arrive intact"
-    metrics = http_status(kproxy_process.metrics_url)[1]
+    metrics = http_status(kproxy_process.admin_url + "/metrics")[1]
     streamed = {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                 if line.startswith("kproxy_frames_streamed_total{")}
     growth = after["VmHWM"] - before["VmRSS"]

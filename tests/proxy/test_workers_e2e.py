@@ -12,8 +12,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kproxy.embedded import recv_exactly
 from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
 from kproxy.protocol.records import Record, build_batch
-from tests.proxy.harness import children_of, exited, free_ports
+from tests.proxy.harness import KproxyProcess, children_of, exited, free_ports
 
 pytestmark = pytest.mark.broker
 
@@ -35,50 +33,24 @@ START_TIMEOUT_S = 60.0
 # Connections opened to show the kernel spreads them: all on one of two workers by chance
 # has odds 2 x 2^-16.
 SPREAD_CONNECTIONS = 16
-REPO = Path(__file__).resolve().parents[2]
 
 
-class Workers:
-    """A ``kproxy run --workers N`` subprocess and the calls a test makes to it."""
+class Workers(KproxyProcess):
+    """A ``kproxy run --workers N`` process (``KproxyProcess``) and the calls a test makes to it."""
 
     def __init__(self, upstream: str, node_ids: list[int], tmp: Path, workers: int = 2,
-                 listen_port: int | None = None, extra: tuple[str, ...] = ()):
-        ports = free_ports(3 + len(node_ids))
-        self.listen_port = listen_port or ports[0]
-        self.admin = f"http://127.0.0.1:{ports[1]}"
-        self.probes = f"http://127.0.0.1:{ports[-1]}"
+                 listen_port: int | None = None, ready: str | None = "/readyz"):
+        listen, admin, probes, *broker_ports = free_ports(3 + len(node_ids))
         self.capture_root = tmp / "captures"
-        port_map = ",".join(f"{node}={port}" for node, port in zip(node_ids, ports[2:-1]))
-        self.log = tmp / f"kproxy-{uuid.uuid4().hex[:6]}.log"
-        env = {**os.environ, "KPROXY_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "kproxy", "run", "--workers", str(workers), "--upstream", upstream,
-                 "--listen", f"127.0.0.1:{self.listen_port}", "--admin-listen", self.admin[7:],
-                 "--broker-port-rule", "map", "--broker-port-map", port_map,
-                 "--probe-listen", self.probes[7:], "--shutdown-timeout", "10", *extra],
-                env={**env, "KPROXY_CAPTURE_ROOT": str(self.capture_root)}, cwd=REPO,
-                stdout=log, stderr=subprocess.STDOUT)
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.listen_port}"
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()
-            try:
-                if self.get("/readyz")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"not ready in {START_TIMEOUT_S}s: {self.log.read_text()}")
+        super().__init__(tmp, ready=ready, env={"KPROXY_ADMIN_TOKEN": TOKEN},
+                         upstream=upstream, workers=workers, listen=f"127.0.0.1:{listen_port or listen}",
+                         admin_listen=f"127.0.0.1:{admin}", probe_listen=f"127.0.0.1:{probes}",
+                         broker_port_rule="map", broker_port_map=dict(zip(node_ids, broker_ports)),
+                         shutdown_timeout=10, capture_root=str(self.capture_root))
 
     def call(self, path: str, body: dict | None = None, token: str | None = TOKEN,
              base: str | None = None) -> tuple[int, bytes]:
-        request = urllib.request.Request((base or self.admin) + path,
+        request = urllib.request.Request((base or self.admin_url) + path,
                                          data=None if body is None else json.dumps(body).encode(),
                                          method="GET" if body is None else "POST")
         if token:
@@ -104,16 +76,6 @@ class Workers:
         """Each worker's own exposition, from its private admin listener."""
         return [self.metrics(base=f"http://127.0.0.1:{w['admin_port']}") for w in self.workers()]
 
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise
-
 
 def value(samples, name, **labels) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
@@ -130,12 +92,9 @@ def node_ids(kafka_cluster) -> list[int]:
 
 @pytest.fixture(scope="module")
 def proxy(kafka_cluster, node_ids, tmp_path_factory):
-    workers = Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path_factory.mktemp("workers"))
-    try:
-        workers.wait_ready()
+    with Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path_factory.mktemp("workers")) as workers:
         yield workers
-    finally:
-        assert workers.stop() == 0, workers.log.read_text()
+    assert workers.returncode == 0, workers.log_text()
 
 
 @pytest.fixture(scope="module")
@@ -275,16 +234,16 @@ def test_health_readiness_and_the_live_page_name_every_worker(proxy):
     assert status == 200 and b"worker 0:" in body and b"worker 1:" in body
     assert proxy.get("/healthz")[0] == 200
     for path in ("/readyz", "/healthz"):       # the probe port is the supervisor's alone
-        status, body = proxy.get(path, token=None, base=proxy.probes)
+        status, body = proxy.get(path, token=None, base=proxy.probe_url)
         assert status == 200 and b"worker 0:" in body and b"worker 1:" in body, body
     # A slot per worker on the probe board, each posted by its own worker.
-    body = proxy.get("/healthz", token=None, base=proxy.probes)[1].decode()
+    body = proxy.get("/healthz", token=None, base=proxy.probe_url)[1].decode()
     assert body == "".join(f"worker {w['index']}: ok (pid {w['pid']})\n" for w in proxy.workers()), body
     assert proxy.get("/live/overview", token=None)[0] == 401
     status, body = proxy.get("/live/overview")                  # merged from both (no notice)
     assert status == 200 and json.loads(body)["workers"] == 2 and "notice" not in json.loads(body)
     assert proxy.get("/")[0] == 200                              # the page itself
-    stream = urllib.request.Request(proxy.admin + "/live/stream",
+    stream = urllib.request.Request(proxy.admin_url + "/live/stream",
                                     headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(stream, timeout=20) as response:  # server-sent events, merged
         assert response.headers["Content-Type"] == "text/event-stream"
@@ -335,7 +294,7 @@ def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
     assert proxy.workers()[1]["state"] == "restarting"
     # Its probe slot was reset as it died: no answer in the dead worker's name, and no
     # stall to restart the pod for (a worker being restarted is the supervisor's job).
-    status, body = proxy.get("/healthz", token=None, base=proxy.probes)
+    status, body = proxy.get("/healthz", token=None, base=proxy.probe_url)
     assert status == 200 and f"pid {victim['pid']}" not in body.decode(), body
     for i in range(10):                           # the other worker serves meanwhile
         with RawClient(proxy.bootstrap) as client:
@@ -348,7 +307,7 @@ def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
         time.sleep(0.2)
     assert worker["state"] == "serving" and worker["restarts"] == 1, worker
     assert "SIGKILL" in worker["last_exit"]
-    status, body = proxy.get("/healthz", token=None, base=proxy.probes)      # its successor posts
+    status, body = proxy.get("/healthz", token=None, base=proxy.probe_url)      # its successor posts
     assert status == 200 and f"worker 1: ok (pid {worker['pid']})" in body.decode(), body
     after = proxy.metrics()
     assert value(after, "kproxy_worker_restarts_total") == 1
@@ -356,13 +315,11 @@ def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
     assert value(after, "kproxy_requests_total", api="Produce") >= \
         value(before, "kproxy_requests_total", api="Produce") + 10
     assert proxy.get("/readyz")[0] == 200
-    assert "died after" in proxy.log.read_text()
+    assert "died after" in proxy.log_text()
 
 
 def test_sigterm_drains_a_request_in_flight_then_exits_zero(kafka_cluster, node_ids, tmp_path, topic):
-    workers = Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path)
-    try:
-        workers.wait_ready()
+    with Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path) as workers:
         with RawClient(workers.bootstrap) as client:
             client.produce(topic, b"before the long poll")
             # A long poll past the end of the partition: the broker answers after max_wait_ms.
@@ -382,8 +339,6 @@ def test_sigterm_drains_a_request_in_flight_then_exits_zero(kafka_cluster, node_
             assert client.sock.recv(1) == b""      # then closed by the drain
         assert workers.process.wait(30) == 0
         assert time.monotonic() - started < 15
-    finally:
-        workers.stop()
 
 
 def test_a_taken_port_stops_start_with_one_line_naming_it(kafka_cluster, node_ids, tmp_path):
@@ -391,15 +346,12 @@ def test_a_taken_port_stops_start_with_one_line_naming_it(kafka_cluster, node_id
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     try:
-        workers = Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path,
-                          listen_port=taken.getsockname()[1])
-        try:
+        with Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path,
+                     listen_port=taken.getsockname()[1], ready=None) as workers:
             assert workers.process.wait(START_TIMEOUT_S) == 1
-        finally:
-            workers.stop()
     finally:
         taken.close()
-    output = workers.log.read_text()
+    output = workers.log_text()
     assert "Traceback" not in output, output
     lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
     assert len(lines) == 1 and "cannot start: worker" in lines[0] \
@@ -408,9 +360,8 @@ def test_a_taken_port_stops_start_with_one_line_naming_it(kafka_cluster, node_id
 
 def test_a_worker_that_keeps_dying_stops_everything_with_one_line(tmp_path):
     """Three quick deaths in a row: a restart loop would only hide the cause."""
-    workers = Workers("127.0.0.1:1", [1], tmp_path)      # no broker needed to start
     killed = set()
-    try:
+    with Workers("127.0.0.1:1", [1], tmp_path, ready=None) as workers:     # no broker needed to start
         deadline = time.monotonic() + START_TIMEOUT_S
         while workers.process.poll() is None and time.monotonic() < deadline:
             try:
@@ -422,10 +373,8 @@ def test_a_worker_that_keeps_dying_stops_everything_with_one_line(tmp_path):
                 killed.add(worker["pid"])
             time.sleep(0.05)
         assert workers.process.wait(30) == 1
-    finally:
-        workers.stop()
     assert len(killed) == 3
-    output = workers.log.read_text()
+    output = workers.log_text()
     assert "Traceback" not in output, output
     lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
     assert len(lines) == 1 and "worker 0 died 3 times in a row" in lines[0], output
@@ -434,14 +383,15 @@ def test_a_worker_that_keeps_dying_stops_everything_with_one_line(tmp_path):
 def test_a_killed_supervisor_leaves_no_probe_process_and_no_worker(tmp_path):
     """SIGKILL to the supervisor: the probe process (its stdin pipe closes), the workers
     (their pipe from the supervisor closes) and every other child end by themselves."""
-    workers = Workers("127.0.0.1:1", [1], tmp_path)      # no broker needed to start
+    workers = Workers("127.0.0.1:1", [1], tmp_path, ready=None)      # no broker needed to start
+    workers.start()
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         body = b""
         while body.count(b": ok (pid") < 2:
-            assert time.monotonic() < deadline and workers.process.poll() is None, workers.log.read_text()
+            assert time.monotonic() < deadline and workers.process.poll() is None, workers.log_text()
             try:
-                body = workers.get("/healthz", token=None, base=workers.probes)[1]
+                body = workers.get("/healthz", token=None, base=workers.probe_url)[1]
             except OSError:
                 time.sleep(0.2)
         # Two workers, the probe process (and multiprocessing's resource tracker).
