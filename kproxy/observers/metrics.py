@@ -38,9 +38,8 @@ from .. import __version__
 from ..protocol import API_KEYS, SCHEMA_SOURCES, api_name, error_name, is_removed, schema
 from ..protocol.connection import (WRONG_PROTOCOLS, MalformedFrame, RequestReceived,
                                    ResponseReceived, SaslTokenPassed)
-from ..protocol import DecodeError
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
-from ..protocol.records import CODEC_NAMES, iter_batches
+from ..protocol.records import CODEC_NAMES, count_batches
 from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
 from ..protocol.walk import error_codes
 from ..protocol.tls_failures import HANDSHAKE_FAILURES
@@ -416,7 +415,7 @@ class Metrics:
         if event.streamed:                    # no body: nothing more to count
             self._streamed["request"].inc()
             return
-        request = event.request
+        request = event.partial               # Produce: only topics and records decoded
         if request is None:
             self._decode_failures["request"].inc()
             return
@@ -444,7 +443,7 @@ class Metrics:
             self._streamed["response"].inc()
             series.latency.observe(event.latency)
             return
-        response = event.response
+        response = event.partial              # Produce, Fetch: only the fields read below decoded
         if response is None:
             self._decode_failures["response"].inc()
             series.latency.observe(event.latency)
@@ -491,18 +490,11 @@ class Metrics:
         return total
 
     def _count_batches(self, records, totals: _BatchTotals) -> int:
-        """Batch headers only: no decompression. Returns the bytes of complete batches."""
+        """Batch headers only: no decompression. Returns the bytes of complete batches
+        (garbage records are the broker's business: counted what was readable)."""
         if not records:
             return 0
-        nbytes = count = 0
-        batches = totals.batches
-        try:
-            for batch in iter_batches(records):
-                nbytes += batch.size_bytes
-                batches[batch.compression] += 1
-                count += batch.record_count or 0
-        except DecodeError:
-            pass        # garbage records are the broker's business; counted what was readable
+        nbytes, count = count_batches(records, totals.batches)
         totals.records += count
         totals.bytes += nbytes
         return nbytes
@@ -712,7 +704,7 @@ class Metrics:
         Incremental fetch sessions (KIP-227) name only partitions whose position changed, and
         answer only partitions with news: the rest keep what the connection last said.
         """
-        request = event.request_event.request
+        request = event.request_event.partial
         if request is None or request.is_opaque or getattr(body, "error_code", 0):
             return
         wanted = request.body
