@@ -219,7 +219,9 @@ class RequestReceived:
 
     @property
     def decode_error(self) -> DecodeError | None:
-        self.request
+        """Why ``request`` is None (a frame that decodes partially decodes whole, so a
+        partial decode answers this for Produce and Fetch, the one observers use anyway)."""
+        self.partial
         return self._error
 
     def __repr__(self) -> str:
@@ -298,7 +300,8 @@ class ResponseReceived:
 
     @property
     def decode_error(self) -> DecodeError | None:
-        self.response
+        """As ``RequestReceived.decode_error``."""
+        self.partial
         return self._error
 
     def __repr__(self) -> str:

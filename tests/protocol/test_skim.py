@@ -190,3 +190,24 @@ def test_count_batches_counts_what_walking_the_batches_counts(seed, rounds):
     by_codec = dict.fromkeys(CODEC_NAMES, 0)
     nbytes, count = count_batches(memoryview(data), by_codec)
     assert (nbytes, count, by_codec) == walked(data)
+
+
+def test_decode_error_of_produce_and_fetch_needs_no_whole_decode(monkeypatch):
+    """kproxy's decode-failure log asks every event's ``decode_error``: for Produce and Fetch
+    the partial decode answers it (the whole decoders are never called), as it answers for
+    the metrics."""
+    import kproxy.protocol.connection as connection
+
+    def whole(*args):
+        raise AssertionError("decoded whole")
+
+    monkeypatch.setattr(connection, "decode_request", whole)
+    monkeypatch.setattr(connection, "decode_response", whole)
+    for kind, api_key, version, frame in CORPUS:
+        if kind != "request" or (api_key == 0 and decode_request(frame).body.acks == 0):
+            continue
+        conn = Connection()
+        requests = conn.receive_client(len(frame).to_bytes(4, "big") + frame)
+        answer = frame_of("response", api_key, version, sample_body("response", api_key, version))
+        responses = conn.receive_broker(len(answer).to_bytes(4, "big") + answer)
+        assert [e.decode_error for e in requests + responses] == [None, None]
