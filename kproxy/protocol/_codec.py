@@ -98,6 +98,16 @@ def read_uvarint(buf, pos: int) -> tuple[int, int]:
     b = buf[pos]
     if b < 0x80:
         return b, pos + 1
+    # Two and three bytes unrolled: the length of every records field (Produce, Fetch) of
+    # 128 B to 2 MiB. Same checks as the loop below (the last byte may not be 0).
+    b1 = buf[pos + 1]
+    if b1 < 0x80:
+        if b1 == 0:
+            raise DecodeError("non-minimal varint")
+        return (b & 0x7F) | (b1 << 7), pos + 2
+    b2 = buf[pos + 2]
+    if 0 < b2 < 0x80:
+        return (b & 0x7F) | ((b1 & 0x7F) << 7) | (b2 << 14), pos + 3
     result = b & 0x7F
     shift = 7
     end = pos + MAX_VARINT_BYTES

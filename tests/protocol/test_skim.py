@@ -211,3 +211,31 @@ def test_decode_error_of_produce_and_fetch_needs_no_whole_decode(monkeypatch):
         answer = frame_of("response", api_key, version, sample_body("response", api_key, version))
         responses = conn.receive_broker(len(answer).to_bytes(4, "big") + answer)
         assert [e.decode_error for e in requests + responses] == [None, None]
+
+
+def _uvarint_reference(buf, pos):
+    """Kafka's unsigned varint read plainly: the first byte under 0x80 ends it (not a 0 after
+    others), at most 5 bytes, at most 32 bits."""
+    for length in range(1, 6):
+        last = buf[pos + length - 1]                     # IndexError when cut short
+        if last < 0x80:
+            if last == 0 and length > 1:
+                raise DecodeError("non-minimal varint")
+            value = sum((buf[pos + i] & 0x7F) << (7 * i) for i in range(length))
+            if value > 0xFFFFFFFF:
+                raise DecodeError("varint above 32 bits")
+            return value, pos + length
+    raise DecodeError("varint longer than 5 bytes")
+
+
+@settings(max_examples=3000, deadline=None)
+@given(data=st.one_of(st.binary(min_size=1, max_size=3), st.binary(min_size=1, max_size=7)))
+def test_unrolled_varints_read_as_the_loop_does(data):
+    from kproxy.protocol._codec import read_uvarint
+
+    def outcome(read):
+        try:
+            return read(data, 0)
+        except (DecodeError, IndexError) as exc:
+            return type(exc)
+    assert outcome(read_uvarint) == outcome(_uvarint_reference)
