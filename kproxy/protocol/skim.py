@@ -74,6 +74,7 @@ class _PartialCompiler(_Compiler):
 
     def holds_kept(self, name: str) -> bool:
         if name not in self.holds:
+            self.holds[name] = False             # a struct that contains itself ends here
             regular, _ = self._present(self.spec.structs[name])
             self.holds[name] = any(self.kept(f) for f in regular)
         return self.holds[name]
