@@ -516,7 +516,9 @@ def kproxy_metrics() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
                 for family in wrapper.describe():
                     family_labels[family.name] = set(wrapper._labelnames)
         for family in exporter.registry.collect():
-            labels = family_labels.get(family.name, set())
+            # Label names: a wrapper's, a collector family's declared ones (it may have no
+            # samples yet: plain counts published at scrape time), and any sample's.
+            labels = family_labels.get(family.name, set()) | set(getattr(family, "_labelnames", ()))
             for sample in family.samples:
                 labels = labels | (set(sample.labels) - {"le", "quantile"})
             for suffix in suffixes.get(family.type, ("",)):
