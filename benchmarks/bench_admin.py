@@ -2,7 +2,8 @@
 """Health-check latency during a scrape storm and during pipelining: admin port beside probe port.
 
 kproxy runs in its own process (``kproxy run``) in front of a real Kafka 4.4
-broker, with its admin listener and its probe listener (``--probe-listen``). Two
+broker, with its admin listener and its probe port (``--probe-listen``; answered
+by a process of its own since the probe board, by a thread before). Two
 probers send ``GET /healthz`` on a fresh connection every ``PROBE_INTERVAL_S``,
 one to each port, at the same time, and record the round trips, in three phases:
 
@@ -80,6 +81,19 @@ class Kproxy:
             except OSError:
                 time.sleep(0.2)
         raise RuntimeError("kproxy did not start")
+
+    def helpers(self) -> dict[int, int]:
+        """kproxy's child processes (the probe process, if it has one): pid -> resident KiB."""
+        found = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if int(fields["PPid"]) == self.process.pid:
+                found[int(pid)] = int(fields.get("VmRSS", "0 kB").split()[0])
+        return found
 
     def __exit__(self, *exc):
         stop_process(self.process)
@@ -259,6 +273,7 @@ def main() -> int:
         for src in [str(REPO)] + args.src:
             with Kproxy(Path(src), cluster.bootstrap_servers) as kproxy:
                 results[src] = asyncio.run(measure(kproxy, control.port, args.scrapes, args.seconds))
+                results[src]["child_processes_rss_kib"] = kproxy.helpers()
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
@@ -275,6 +290,9 @@ def main() -> int:
         storm = result["storm"]
         print(f"storm: scrapes answered 200/503/failed {storm.get('scrapes_200')}/{storm.get('scrapes_503')}/"
               f"{storm.get('scrapes_failed')}")
+        helpers = result["child_processes_rss_kib"]
+        print("kproxy's child processes: " + (", ".join(f"pid {pid} {kib / 1024:.1f} MiB resident"
+                                                      for pid, kib in helpers.items()) or "none"))
         pipe = result["pipelining"]
         print(f"pipelining: {pipe.get('pipeline_connections')} connections, each offered "
               f"{pipe.get('requests_per_burst')} requests ({PIPELINE_BYTES // 1024} KiB); "

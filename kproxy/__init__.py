@@ -12,9 +12,11 @@ Layers, each knowing only the ones below it:
 - ``kproxy.observers``: fed decoded events after the bytes are forwarded:
   ``metrics`` (Prometheus) and ``capture`` (JSONL, Parquet, pcapng).
 - ``kproxy.config`` (one frozen config), ``kproxy.runtime`` (wiring, admin
-  listener, shutdown), ``kproxy.workers`` (``kproxy run --workers N``: a
-  supervisor and N worker processes sharing the ports; its admin listener,
-  ``proxy.worker_admin``, merges theirs), ``kproxy.cli`` (``kproxy run|demo|capture``),
+  listener, probe process, shutdown; ``proxy.probes``: /healthz and /readyz
+  answered by a process of their own from a board each event loop posts to),
+  ``kproxy.workers`` (``kproxy run --workers N``: a supervisor and N worker
+  processes sharing the ports; its admin listener, ``proxy.worker_admin``,
+  merges theirs), ``kproxy.cli`` (``kproxy run|demo|capture``),
   ``kproxy.embedded`` (real brokers on loopback for the demo and tests).
 """
 

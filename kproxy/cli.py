@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 
 from .protocol import error_name
 from .protocol.connection import ResponseReceived
@@ -25,6 +26,9 @@ DEMO_READY_TIMEOUT_S = 60.0   # topic created and the consumer's partitions assi
 DEMO_CONSUME_TIMEOUT_S = 10.0 # a round's messages back through kproxy
 DEMO_POLL_MS = 500
 DEMO_CAPTURE_ROOT = "/tmp/kproxy-capture"   # the demo's captures go here and nowhere else
+# How the demo's closing summary words the common close reasons (others: the reason itself).
+DEMO_CLOSED_BY = {"client_closed": "by the client", "broker_closed": "by the broker",
+                  "shutdown": "by kproxy stopping", "cancelled": "by kproxy stopping"}
 
 
 def say(line: str) -> None:
@@ -33,25 +37,44 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def print_event_lines(info, events) -> None:
-    """An observer that prints one line per request/response pair."""
-    for event in events:
-        if not isinstance(event, ResponseReceived):
-            continue
-        request = event.request_event
-        decoded = request.request
-        client = decoded.client_id if decoded else "?"
-        response = event.response
-        if response is None:
-            errors = ["<undecodable>"]
-        else:
-            errors = [error_name(code) for code in error_codes(
-                "response", event.api_key, response.body_version or event.api_version, response.body)]
-        say(f"conn={info.id:<3} {request.api_name:<18} v{request.api_version:<2} "
-            f"corr={event.correlation_id:<5} client={client:<22} "
-            f"req={request.size:>6}B resp={event.size:>7}B "
-            f"latency={event.latency * 1000:8.2f}ms"
-            + (f" errors={','.join(sorted(set(errors)))}" if errors else ""))
+class DemoPrinter:
+    """The demo's observer: one line per request/response pair. Connections are counted
+    rather than logged (the demo leaves kproxy's per-connection lines out), and
+    ``summary`` sums them up when the demo stops."""
+
+    def __init__(self):
+        self.opened = 0
+        self.closed: Counter[str] = Counter()
+
+    def __call__(self, info, events) -> None:
+        for event in events:
+            if not isinstance(event, ResponseReceived):
+                continue
+            request = event.request_event
+            decoded = request.request
+            client = decoded.client_id if decoded else "?"
+            response = event.response
+            if response is None:
+                errors = ["<undecodable>"]
+            else:
+                errors = [error_name(code) for code in error_codes(
+                    "response", event.api_key, response.body_version or event.api_version, response.body)]
+            say(f"conn={info.id:<3} {request.api_name:<18} v{request.api_version:<2} "
+                f"corr={event.correlation_id:<5} client={client:<22} "
+                f"req={request.size:>6}B resp={event.size:>7}B "
+                f"latency={event.latency * 1000:8.2f}ms"
+                + (f" errors={','.join(sorted(set(errors)))}" if errors else ""))
+
+    def connection_opened(self, info) -> None:
+        self.opened += 1
+
+    def connection_closed(self, info, reason: str | None = None, in_flight: int | None = None) -> None:
+        reason = reason or "other"
+        self.closed[DEMO_CLOSED_BY.get(reason, reason.replace("_", " "))] += 1
+
+    def summary(self) -> str:
+        closed = ", ".join(f"{n} {how}" for how, n in self.closed.most_common())
+        return f"kproxy relayed {self.opened} client connections" + (f" (closed: {closed})" if closed else "")
 
 
 def _demo_traffic(bootstrap: str, stop: threading.Event) -> None:
@@ -135,7 +158,8 @@ async def _demo(args) -> int:
             settings.update(capture={"directory": args.capture_dir, "formats": ["parquet"]},
                             capture_autostart=True)
         config = config_module.build(settings)
-        runtime = Runtime(config, observers=[print_event_lines])
+        printer = DemoPrinter()
+        runtime = Runtime(config, observers=[printer])
         await runtime.start()
         node = cluster.nodes[0]
         host, port = runtime.proxy.bootstrap_address
@@ -166,6 +190,7 @@ async def _demo(args) -> int:
             stop.set()
             await asyncio.to_thread(traffic.join, DEMO_CLIENT_CLOSE_S)
             await runtime.stop()
+            say(printer.summary())
     finally:
         await asyncio.to_thread(cluster.stop)
     say("demo stopped; broker stopped")
@@ -185,8 +210,8 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--upstream": ("upstream", "HOST:PORT[,HOST:PORT...] of the upstream broker(s)"),
     "--listen": ("listen", "HOST:PORT for the bootstrap (gateway) or only (sidecar) listener"),
     "--admin-listen": ("admin_listen", "HOST:PORT for /metrics, /healthz, /readyz, capture ('off' to disable)"),
-    "--probe-listen": ("probe_listen", "HOST:PORT for /healthz, /readyz alone, answered from their "
-                                       "own thread (default: off)"),
+    "--probe-listen": ("probe_listen", "HOST:PORT for /healthz, /readyz alone, answered by a "
+                                       "process of their own (default: off)"),
     "--mode": ("mode", "gateway or sidecar"),
     "--advertised-host": ("advertised_host", "host clients use to reach kproxy (gateway)"),
     "--advertised-host-template": ("advertised_host_template", "sidecar: e.g. 'kafka-{node_id}.svc'"),
@@ -260,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    # matplotlib (the analysis report) logs building its font cache, once, at INFO.
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     if args.command == "run":
         return _run(args)
     if args.command == "capture":
@@ -270,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         # The demo's clients report problems in its own lines; kafka-python's log lines
         # (an ERROR while a topic is still being created, say) would only alarm a newcomer.
         logging.getLogger("kafka").setLevel(logging.CRITICAL + 1)
+        # kproxy's INFO line per connection opened and closed would interleave with the
+        # pair lines; the demo counts connections instead (DemoPrinter.summary). Its
+        # warnings and errors still show.
+        logging.getLogger("kproxy.relay").setLevel(logging.WARNING)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         args.capture_dir = f"{DEMO_CAPTURE_ROOT}/demo-{stamp}"
         # SIGTERM stops the demo as Ctrl-C does (clients, kproxy, then the broker), rather

@@ -86,8 +86,9 @@ class Config:
     upstreams: tuple[HostPort, ...]
     listen: HostPort = ("127.0.0.1", 9092)
     admin_listen: HostPort | None = ("127.0.0.1", 9644)
-    # /healthz and /readyz only, answered from a thread of their own so that neither a
-    # scrape storm on the admin port nor a busy event loop delays them (see proxy/probes.py).
+    # /healthz and /readyz only, answered by a process of their own so that neither a
+    # scrape storm on the admin port nor a busy event loop (or a garbage collection holding
+    # the interpreter lock) delays them (see proxy/probes.py).
     # Off unless set; the deploy files set 0.0.0.0:9645 and point the probes at it.
     probe_listen: HostPort | None = None
     mode: str = "gateway"

@@ -1,4 +1,4 @@
-"""Start and stop a whole kproxy: the proxy listeners, the admin listener and the probe listener.
+"""Start and stop a whole kproxy: the proxy listeners, the admin listener and the probe process.
 
 Used by ``kproxy run``, the demo and end-to-end tests, so all three run the
 same wiring. Shutdown order: stop accepting connections and reading new requests
@@ -6,7 +6,8 @@ same wiring. Shutdown order: stop accepting connections and reading new requests
 answered (all by ``shutdown_timeout``), close the admin port, then the probe port.
 ``/readyz`` is also 503 while a broker listener cannot be bound (one line per
 listener says why). ``/healthz`` and ``/readyz`` answer the same on the admin port
-and on the probe port (``probe_listen``, its own thread: see ``proxy/probes.py``).
+and on the probe port (``probe_listen``: a process of its own reading what the
+event loop posts to the probe board; see ``proxy/probes.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import gc
 import json
 import logging
 import signal
+import time
 from typing import Iterable
 
 from prometheus_client import generate_latest
@@ -27,8 +29,9 @@ from .observers.live import LiveView
 from .observers.metrics import Metrics
 from .proxy.admin import AdminServer, SharedRender, metrics_answer
 from .proxy.live_web import LiveRoutes
-from .proxy.probes import READY_WAIT_S, LoopHeartbeat, ProbeListener, on_loop
-from .proxy.relay import Observer
+from .proxy.probe_board import Board
+from .proxy.probes import LoopHeartbeat, ProbeProcess, Readiness
+from .proxy.relay import Observer, worker_ids
 from .proxy.server import Proxy
 
 log = logging.getLogger("kproxy")
@@ -50,7 +53,12 @@ def _ready_answer(ok: bool, detail: str) -> tuple[int, str, bytes]:
 
 
 class Runtime:
-    def __init__(self, config: Config, observers: Iterable[Observer] = ()):
+    """``probe_slot``: (board, slot) to post this process's heartbeat and readiness to, for a
+    worker whose supervisor runs the probe process; without it, ``probe_listen`` makes the
+    runtime start a probe process of its own (a board of one slot)."""
+
+    def __init__(self, config: Config, observers: Iterable[Observer] = (),
+                 probe_slot: tuple[Board, int] | None = None):
         self.config = config
         self.capture = Capture(instance_name=config.instance_name)
         self.metrics = Metrics(client_id_label=config.metrics_client_id_label,
@@ -63,7 +71,7 @@ class Runtime:
                                unbound_listeners=lambda: len(self.proxy.unbound))
         # Record data in the live page only when the operator allows it in capture files.
         self.live = LiveView(include_record_data=config.capture_allow_record_data,
-                             instance_name=config.instance_name)
+                             instance_name=config.instance_name, pair_ids=worker_ids())
         self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *observers])
         self.admin = AdminServer({
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
@@ -74,9 +82,9 @@ class Runtime:
             web_routes=LiveRoutes(self.live).routes(), protected_prefixes=(LIVE_PREFIX,))
         # /healthz on either port: the event loop's heartbeat (probes.LoopHeartbeat).
         self.heartbeat = LoopHeartbeat()
-        self.probes = ProbeListener({"/healthz": self._healthz, "/readyz": self._readyz_from_probe_thread}) \
-            if config.probe_listen is not None else None
-        self._loop: asyncio.AbstractEventLoop | None = None     # the proxy's, once started
+        self.probe_slot = probe_slot
+        self.probes = ProbeProcess() if config.probe_listen is not None and probe_slot is None else None
+        self._own_board: Board | None = None                # the probe process's, when it is ours
         # prometheus-client's own exposition, rendered in a worker thread and shared by
         # concurrent scrapes (see admin.SharedRender): a scrape storm costs one render.
         self.scrape = SharedRender(lambda: generate_latest(self.metrics.registry))
@@ -105,35 +113,33 @@ class Runtime:
     async def _healthz(self):
         return self.heartbeat.health()
 
-    def _readiness_known(self) -> tuple[int, str, bytes] | None:
-        """The /readyz answer if it needs no request to a broker (any thread may ask)."""
+    def _readiness_now(self) -> tuple[bool, str] | None:
+        """The /readyz answer if it needs no request to a broker."""
         if not self.proxy.started:
-            return 503, "text/plain", b"starting\n"
+            return False, "starting"
         if self.proxy.stopping:             # draining: load balancers should send no one new
-            return 503, "text/plain", b"stopping\n"
+            return False, "stopping"
         unbound = self.proxy.unbound_reasons()
         if unbound:                         # some brokers are withheld from clients meanwhile
-            return 503, "text/plain", "".join(line + "\n" for line in unbound).encode()
-        cached = self.proxy.own_requests.cached_readiness()
-        return None if cached is None else _ready_answer(*cached)
+            return False, "\n".join(unbound)
+        return None
 
     async def _readyz(self):
-        known = self._readiness_known()
-        if known is not None:
-            return known
-        return _ready_answer(*await self.proxy.upstream_ready())
+        known = self._readiness_now()
+        return _ready_answer(*(known or await self.proxy.upstream_ready()))
 
-    async def _readyz_from_probe_thread(self):
-        """/readyz on the probe listener: the same answer; only a broker check (its cache
-        expired) runs on the proxy's loop, awaited at most READY_WAIT_S."""
-        known = self._readiness_known()
+    def _readiness_posted(self) -> Readiness:
+        """What the event loop posts to the probe board: the answer now, or the broker
+        check's last answer and when it was established (the probe process asks for a
+        new check when that is too old)."""
+        known = self._readiness_now()
         if known is not None:
-            return known
-        try:
-            return await on_loop(self._loop, self._readyz, READY_WAIT_S)
-        except asyncio.TimeoutError:
-            return 503, "text/plain", (f"the event loop did not check the upstream within "
-                                       f"{READY_WAIT_S:g}s\n").encode()
+            return (*known, time.monotonic())
+        last = self.proxy.own_requests.last_readiness
+        if last is None:
+            return False, "the upstream has not been checked yet", 0.0
+        when, (ready, detail) = last
+        return ready, detail, when
 
     @property
     def admin_url(self) -> str | None:
@@ -150,8 +156,12 @@ class Runtime:
         return f"http://{host}:{port}"
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.heartbeat.start(self._loop)
+        if self.probes is not None:
+            self._own_board = Board.create(1)
+            self.probe_slot = (self._own_board, 0)
+        if self.probe_slot is not None:
+            self.heartbeat.post_to(*self.probe_slot, self._readiness_posted, self.proxy.upstream_ready)
+        self.heartbeat.start(asyncio.get_running_loop())
         if self.config.capture_autostart:
             status, detail = await asyncio.to_thread(self._start_capture, {})
             if status != 200:
@@ -159,8 +169,9 @@ class Runtime:
         await self.proxy.start()
         if self.config.admin_listen is not None:
             await self.admin.start(*self.config.admin_listen)
+        self.heartbeat.post()                             # "starting" no more
         if self.probes is not None:
-            await asyncio.to_thread(self.probes.start, *self.config.probe_listen)
+            await asyncio.to_thread(self.probes.start, self._own_board, *self.config.probe_listen)
 
     async def stop(self) -> None:
         await self.proxy.stop()
@@ -169,6 +180,9 @@ class Runtime:
         if self.probes is not None:                       # probes say "stopping" until here
             await asyncio.to_thread(self.probes.stop)
         self.heartbeat.stop()
+        if self._own_board is not None:
+            self._own_board.close()
+            self._own_board = None
         if self.capture.active:
             await asyncio.to_thread(self.capture.stop)
 
@@ -182,7 +196,7 @@ class Runtime:
         # What exists now (modules, the Kafka schema tables: ~46,000 objects) lives as long
         # as the process. Frozen, a full garbage collection no longer walks it each time
         # (20 ms a pass, measured), and a collection holds the interpreter lock, which the
-        # event loop and the probe thread both wait for. Here, not in start(): a process
+        # event loop and its helper threads wait for. Here, not in start(): a process
         # that starts many runtimes (the tests) would freeze each one's leftovers.
         gc.collect()
         gc.freeze()

@@ -21,7 +21,11 @@ The supervisor relays nothing. It:
 - on SIGTERM or SIGINT sends SIGTERM to every worker, which drains as a single
   kproxy does (``shutdown_timeout``), and kills what is left ``STOP_GRACE_S`` later;
 - serves the one admin listener (``kproxy.proxy.worker_admin``): metrics summed
-  over the workers, health and readiness of all of them, capture control for all.
+  over the workers, health and readiness of all of them, capture control for all;
+- with ``probe_listen``, starts the probe process (``kproxy.proxy.probes``) on a
+  probe board of one slot per worker: each worker's event loop posts its heartbeat
+  and readiness to its slot, and the supervisor resets a dead worker's slot (its
+  last heartbeat would otherwise age into "stalled") until its successor posts.
 
 The supervisor's listener, not a worker's, so that it stays up while a worker is
 restarted and never competes with relaying for a worker's event loop. Workers are
@@ -46,7 +50,8 @@ from typing import Any, Mapping
 
 from .config import Config
 from .proxy.log_budget import LogBudget
-from .proxy.probes import READY_WAIT_S, ProbeListener, on_loop
+from .proxy.probe_board import Board
+from .proxy.probes import ProbeProcess
 from .proxy.worker_admin import WorkerAdmin, WorkerView
 
 log = logging.getLogger("kproxy.workers")
@@ -100,8 +105,9 @@ def worker_config(config: Config, index: int, token: str) -> Config:
                                capture=capture)
 
 
-def _worker_main(config: Config, index: int, pipe) -> None:
-    """A worker process's body (spawned): a whole kproxy that tells the supervisor when it serves."""
+def _worker_main(config: Config, index: int, pipe, probe_board: Board | None) -> None:
+    """A worker process's body (spawned): a whole kproxy that tells the supervisor when it
+    serves, posting to slot ``index`` of ``probe_board`` (when the supervisor runs probes)."""
     os.setpgrp()              # a terminal's Ctrl-C goes to the supervisor, which stops us in order
     logging.basicConfig(level=config.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s %(name)s [worker {index}] %(message)s")
@@ -110,7 +116,7 @@ def _worker_main(config: Config, index: int, pipe) -> None:
     from .runtime import Runtime
     relay.run_as_worker(index, config.workers)
     tune_allocator()
-    runtime = Runtime(config)
+    runtime = Runtime(config, probe_slot=None if probe_board is None else (probe_board, index))
     try:
         import uvloop
         uvloop.run(_serve(runtime, pipe))
@@ -205,21 +211,16 @@ class Supervisor:
             admin_token=config.admin_token, protected=CAPTURE_ROUTES, protected_prefixes=(LIVE_PREFIX,),
             capture_settings=lambda body, index: capture_settings(body, config.capture, index, self.count),
             extra_metrics=self._supervisor_metrics, scrape_failed=self.metrics.scrape_failures.inc)
-        # The probe port is the supervisor's (one port, however many workers): its thread
-        # asks the supervisor's loop, which asks every worker (their /healthz includes their
-        # own event loop's heartbeat). The supervisor's loop relays nothing, so it answers fast.
-        self.probes = ProbeListener({"/healthz": self._probe(self.admin.healthz),
-                                     "/readyz": self._probe(self.admin.readyz)}) \
-            if config.probe_listen is not None else None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # The probe port is the supervisor's (one port, however many workers), answered by
+        # the probe process from the board each worker posts to.
+        self.probes = self.board = None
+        if config.probe_listen is not None:
+            self.probes, self.board = ProbeProcess(), Board.create(self.count)
 
-    def _probe(self, handler):
-        async def answer():
-            try:
-                return await on_loop(self._loop, handler, READY_WAIT_S)
-            except asyncio.TimeoutError:
-                return 503, "text/plain", f"the workers did not answer within {READY_WAIT_S:g}s\n".encode()
-        return answer
+    def _vacate_slot(self, worker: _Worker, why: str) -> None:
+        """``worker``'s process is gone: its probe slot says so until its successor posts."""
+        if self.board is not None:
+            self.board.reset(worker.index, f"restarting ({why})", time.monotonic())
 
     def _supervisor_metrics(self) -> bytes:
         from prometheus_client import generate_latest
@@ -231,7 +232,7 @@ class Supervisor:
         receive, send = self._spawn.Pipe(duplex=False)
         process = self._spawn.Process(target=_worker_main, name=f"kproxy-worker-{worker.index}",
                                       args=(worker_config(self.config, worker.index, self._token),
-                                            worker.index, send))
+                                            worker.index, send, self.board))
         process.start()
         send.close()
         worker.process, worker.pipe, worker.admin_port = process, receive, None
@@ -252,7 +253,7 @@ class Supervisor:
         return None
 
     async def run(self) -> int:
-        loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         watchers: list[asyncio.Task] = []
@@ -265,7 +266,7 @@ class Supervisor:
             if self.config.admin_listen is not None:
                 await self.admin.start(*self.config.admin_listen)
             if self.probes is not None:
-                await asyncio.to_thread(self.probes.start, *self.config.probe_listen)
+                await asyncio.to_thread(self.probes.start, self.board, *self.config.probe_listen)
             host, port = self.config.listen
             log.info("%d workers serving on %s:%d (pids %s)%s", self.count, host, port,
                      ", ".join(str(w.process.pid) for w in self.workers),
@@ -289,6 +290,7 @@ class Supervisor:
             await self.admin.stop()
             if self.probes is not None:
                 await asyncio.to_thread(self.probes.stop)
+                self.board.close()
 
     async def _watch(self, worker: _Worker) -> None:
         """Keep ``worker`` running; raises GiveUp when it keeps dying at start."""
@@ -301,6 +303,7 @@ class Supervisor:
             lived = time.monotonic() - worker.started_at
             worker.last_exit = _exit_reason(worker.process)
             worker.state, worker.admin_port = "restarting", None
+            self._vacate_slot(worker, worker.last_exit)
             self.admin.retire(worker.index, worker.process.pid)
             if lived < MIN_UPTIME_S:
                 worker.quick_deaths += 1
@@ -325,6 +328,7 @@ class Supervisor:
                 why = await self._start(worker)
                 if why is None:
                     break
+                self._vacate_slot(worker, why)
                 worker.quick_deaths += 1
                 worker.last_exit = why
                 if worker.quick_deaths >= START_FAILURES_BEFORE_GIVING_UP:

@@ -41,7 +41,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ..protocol.connection import RequestReceived, ResponseReceived
 from ..protocol.pair_fields import API_VERSIONS, pair_fields
@@ -130,12 +130,11 @@ class ViewerFilter:
         return True
 
 
-class Viewer:
-    """One connected page: its filter, its bounded backlog, what it missed."""
+class RowBacklog:
+    """Rows on their way to one page's stream: a per-second cap and a bounded backlog, so a
+    page that does not keep up loses rows (counted) and never slows anyone."""
 
-    def __init__(self, live: "LiveView", row_filter: ViewerFilter):
-        self.live = live
-        self.filter = row_filter
+    def __init__(self):
         self.backlog: deque = deque()
         self.matched = 0          # rows that passed the filter
         self.sent = 0             # rows taken for the stream
@@ -145,7 +144,8 @@ class Viewer:
         self._this_second = 0
 
     def offer(self, row: dict, now: float) -> None:
-        """Live thread: keep the row unless the rate cap or the backlog says no."""
+        """Keep the row unless the rate cap or the backlog says no (the live thread's call,
+        or the supervisor's loop merging workers' rows)."""
         self.matched += 1
         second = int(now)
         if second != self._second:
@@ -167,6 +167,15 @@ class Viewer:
             rows.append(backlog.popleft())
         self.sent += len(rows)
         return rows
+
+
+class Viewer(RowBacklog):
+    """One connected page: its filter, its bounded backlog, what it missed."""
+
+    def __init__(self, live: "LiveView", row_filter: ViewerFilter):
+        super().__init__()
+        self.live = live
+        self.filter = row_filter
 
     def status(self) -> dict:
         live = self.live
@@ -220,8 +229,7 @@ class _Window:
         with self.lock:
             seconds = [(s, {api: (e[0], e[1], list(e[2])) for api, e in per.items()})
                        for s, per in self.seconds if s > now - OVERVIEW_WINDOW_S]
-        span = min(OVERVIEW_WINDOW_S, max(1.0, now - self.since)) if self.since is not None else 1.0
-        short_span = min(OVERVIEW_SHORT_S, span)
+        span, short_span = _spans(self.since, now)
         apis: dict[str, dict] = {}
         for second, per in seconds:
             recent = second > now - OVERVIEW_SHORT_S
@@ -235,14 +243,29 @@ class _Window:
                 a["hist"] = [x + y for x, y in zip(a["hist"], hist)]
         rows = []
         for api, a in sorted(apis.items(), key=lambda kv: -kv[1]["count"]):
-            rows.append({"api": api, "count": a["count"],
-                         "rate_per_s": round(a["count"] / span, 3),
-                         "rate_recent_per_s": round(a["recent"] / short_span, 3),
-                         "p99_ms": _percentile(a["hist"], 0.99),
-                         "error_rate": round(a["errors"] / a["count"], 4) if a["count"] else 0.0,
-                         "errors": a["errors"]})
+            rows.append(_api_traffic(api, a["count"], a["recent"], a["errors"], a["hist"], span, short_span))
         return {"window_s": OVERVIEW_WINDOW_S, "recent_s": OVERVIEW_SHORT_S, "span_s": round(span, 1),
                 "since": self.since, "apis": rows}
+
+
+def _spans(since: float | None, now: float) -> tuple[float, float]:
+    """Seconds the overview's rates are over: since traffic was first seen while watched,
+    at most the window (and its recent part)."""
+    span = min(OVERVIEW_WINDOW_S, max(1.0, now - since)) if since is not None else 1.0
+    return span, min(OVERVIEW_SHORT_S, span)
+
+
+def _api_traffic(api: str, count: int, recent: int, errors: int, hist: list[int],
+                 span: float, short_span: float) -> dict:
+    """One API's line of the overview; ``recent`` and the non-zero latency buckets are
+    there too, for ``merge_overviews``."""
+    return {"api": api, "count": count, "recent": recent,
+            "rate_per_s": round(count / span, 3),
+            "rate_recent_per_s": round(recent / short_span, 3),
+            "p99_ms": _percentile(hist, 0.99),
+            "error_rate": round(errors / count, 4) if count else 0.0,
+            "errors": errors,
+            "latency_buckets": {str(i): n for i, n in enumerate(hist) if n}}
 
 
 def _percentile(hist: list[int], q: float) -> float | None:
@@ -265,7 +288,9 @@ class LiveView:
     downloads (the operator's ``capture_allow_record_data``); otherwise redacted.
     """
 
-    def __init__(self, include_record_data: bool = False, instance_name: str | None = None):
+    def __init__(self, include_record_data: bool = False, instance_name: str | None = None,
+                 pair_ids: Iterator[int] | None = None):
+        """``pair_ids``: where pair ids come from (as a worker: ids no other worker uses)."""
         self.include_record_data = include_record_data
         self.instance_name = instance_name
         self.viewers: list[Viewer] = []
@@ -283,7 +308,7 @@ class LiveView:
         self._recent: OrderedDict[int, tuple] = OrderedDict()    # pair id -> (info, req, resp, row)
         self._recent_bytes = 0
         self._recent_lock = threading.Lock()
-        self._pair_ids = itertools.count(1)
+        self._pair_ids = pair_ids if pair_ids is not None else itertools.count(1)
         self._topic_names: dict[str, str] = {}
         self._window = _Window()
         self._wall_offset = time.time() - time.monotonic()
@@ -340,7 +365,7 @@ class LiveView:
             return
 
     def _put(self, info, request, response) -> None:
-        size = request.size + (response.size if response is not None else 0) + _ITEM_OVERHEAD
+        size = request.held_size + (response.held_size if response is not None else 0) + _ITEM_OVERHEAD
         if (self.put_pairs - self.got_pairs >= PENDING_MAX_PAIRS
                 or self.put_bytes - self.got_bytes + size > PENDING_MAX_BYTES):
             self.overloaded += 1
@@ -442,7 +467,7 @@ class LiveView:
                     viewer.offer(compact, now)
 
     def _remember(self, pair_id: int, info, request, response, row) -> None:
-        size = request.size + (response.size if response is not None else 0)
+        size = request.held_size + (response.held_size if response is not None else 0)
         with self._recent_lock:
             recent = self._recent
             recent[pair_id] = (info, request, response, row)
@@ -451,7 +476,7 @@ class LiveView:
             while recent and (len(recent) > RECENT_MAX_PAIRS or self._recent_bytes > RECENT_MAX_BYTES
                               or next(iter(recent.values()))[3]["time"] < oldest_kept):
                 _, (_, old_req, old_resp, _) = recent.popitem(last=False)
-                self._recent_bytes -= old_req.size + (old_resp.size if old_resp is not None else 0)
+                self._recent_bytes -= old_req.held_size + (old_resp.held_size if old_resp is not None else 0)
 
     # ------------------------------------------------------------ reads (any thread)
 
@@ -508,20 +533,28 @@ def _inventory(clients: list[_Client]) -> list[dict]:
     """One entry per (address, client_id, software): connections, APIs and versions used."""
     groups: dict[tuple, dict] = {}
     for c in clients:
-        key = (c.host, c.client_id, c.software)
-        g = groups.get(key)
-        if g is None:
-            g = groups[key] = {"address": c.host, "client_id": c.client_id,
-                               "software_name": c.software[0], "software_version": c.software[1],
-                               "open": 0, "closed": 0, "listeners": set(), "apis": {},
-                               "first_seen": c.opened, "last_port": c.port}
+        g = _inventory_group(groups, c.host, c.client_id, c.software, c.opened, c.port)
         g["open" if c.closed is None else "closed"] += 1
         g["listeners"].add(c.listener)
-        g["first_seen"] = min(g["first_seen"], c.opened)
-        for api, version in sorted(c.apis):
-            versions = g["apis"].setdefault(api, [])
-            if version not in versions:
-                versions.append(version)
+        for api, version in c.apis:
+            g["apis"].setdefault(api, set()).add(version)
+    return _inventory_list(groups)
+
+
+def _inventory_group(groups: dict, address: str, client_id: str | None, software: tuple,
+                     first_seen: float, port: int) -> dict:
+    key = (address, client_id, tuple(software))
+    g = groups.get(key)
+    if g is None:
+        g = groups[key] = {"address": address, "client_id": client_id,
+                           "software_name": software[0], "software_version": software[1],
+                           "open": 0, "closed": 0, "listeners": set(), "apis": {},
+                           "first_seen": first_seen, "last_port": port}
+    g["first_seen"] = min(g["first_seen"], first_seen)
+    return g
+
+
+def _inventory_list(groups: dict) -> list[dict]:
     out = []
     for g in groups.values():
         g["listeners"] = sorted(g["listeners"])
@@ -529,6 +562,51 @@ def _inventory(clients: list[_Client]) -> list[dict]:
         out.append(g)
     out.sort(key=lambda g: (-g["open"], g["address"], g["client_id"] or ""))
     return out
+
+
+def merge_overviews(overviews: list[dict]) -> dict:
+    """Several workers' overviews as one (``kproxy run --workers``): counts summed, rates
+    and p99 worked out again from the summed counts and latency buckets, the client
+    inventory grouped again (a client's connections may be on several workers)."""
+    now = time.time()
+    sinces = [o["traffic"]["since"] for o in overviews if o["traffic"]["since"] is not None]
+    since = min(sinces) if sinces else None
+    span, short_span = _spans(since, now)
+    apis: dict[str, dict] = {}
+    for o in overviews:
+        for a in o["traffic"]["apis"]:
+            m = apis.setdefault(a["api"], {"count": 0, "recent": 0, "errors": 0,
+                                           "hist": [0] * (len(LATENCY_EDGES_MS) + 1)})
+            for key in ("count", "recent", "errors"):
+                m[key] += a[key]
+            for bucket, n in a["latency_buckets"].items():
+                m["hist"][int(bucket)] += n
+    traffic = [_api_traffic(api, m["count"], m["recent"], m["errors"], m["hist"], span, short_span)
+               for api, m in sorted(apis.items(), key=lambda kv: -kv[1]["count"])]
+    groups: dict[tuple, dict] = {}
+    listeners: dict[str, int] = {}
+    counters: dict[str, float] = {}
+    for o in overviews:
+        for c in o["inventory"]:
+            g = _inventory_group(groups, c["address"], c["client_id"],
+                                 (c["software_name"], c["software_version"]), c["first_seen"], c["last_port"])
+            g["open"] += c["open"]
+            g["closed"] += c["closed"]
+            g["listeners"].update(c["listeners"])
+            for api, versions in c["apis"].items():
+                g["apis"].setdefault(api, set()).update(versions)
+        for name, n in o["connections"]["by_listener"].items():
+            listeners[name] = listeners.get(name, 0) + n
+        for name, n in o["counters"].items():
+            counters[name] = counters.get(name, 0) + n
+    watched = [o["watched_since"] for o in overviews if o["watched_since"] is not None]
+    return {"time": now, "watched_since": min(watched) if watched else None,
+            "traffic": {"window_s": OVERVIEW_WINDOW_S, "recent_s": OVERVIEW_SHORT_S,
+                        "span_s": round(span, 1), "since": since, "apis": traffic},
+            "connections": {"open": sum(o["connections"]["open"] for o in overviews),
+                            "by_listener": dict(sorted(listeners.items()))},
+            "inventory": _inventory_list(groups), "counters": counters,
+            "record_data_shown": bool(overviews) and all(o["record_data_shown"] for o in overviews)}
 
 
 def _compact(pair_id: int, row: dict) -> dict:

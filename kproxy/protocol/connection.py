@@ -177,6 +177,12 @@ class RequestReceived:
         return self._streamed_size or len(self.frame) + 4
 
     @property
+    def held_size(self) -> int:
+        """What keeping this event holds of its frame: ``size``, or for a streamed frame
+        its header only (plus the prefix). What queues that hold events are charged."""
+        return len(self.frame) + 4
+
+    @property
     def streamed(self) -> bool:
         """Passed on as it arrived and not kept (nothing needed it whole): ``frame`` is
         its header only, ``request`` is None and ``decode_error`` None too."""
@@ -225,6 +231,11 @@ class ResponseReceived:
     @property
     def size(self) -> int:
         return self._streamed_size or len(self.frame) + 4
+
+    @property
+    def held_size(self) -> int:
+        """As for ``RequestReceived``."""
+        return len(self.frame) + 4
 
     @property
     def streamed(self) -> bool:

@@ -44,22 +44,17 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from .http_limits import LISTEN_BACKLOG, MAX_HEADER_LINES, MAX_LINE_BYTES, READ_TIMEOUT_S
+
 log = logging.getLogger("kproxy.admin")
 
-READ_TIMEOUT_S = 5.0               # request headers (and any body) must arrive within this
 MAX_BODY_BYTES = 64 * 1024         # capture settings fit in far less; anything bigger is a mistake
-MAX_HEADER_LINES = 100             # curl sends 3, Prometheus 5; a stream of headers is not a request
-MAX_LINE_BYTES = 8190              # a request line or header longer than this is not from a probe
 # Refused calls to protected routes are logged once per interval, with how many there were:
 # a caller guessing tokens cannot fill the log.
 REFUSAL_LOG_INTERVAL_S = 60.0
 # Scrapes waiting for the render in flight; Prometheus sends one per interval per server,
 # so more than this at once is a storm: the rest are told to come back (503) for free.
 MAX_WAITING_SCRAPES = 32
-# Connections the kernel queues before kproxy accepts them. A burst beyond this (a
-# scrape storm) makes the kernel drop SYNs, and every caller then, health checks
-# included, waits for its SYN to be resent: 1 s, then 3 s.
-LISTEN_BACKLOG = 1024
 # Handlers still running at stop get this long before they are cancelled (live streams end at once).
 SHUTDOWN_TIMEOUT_S = 2.0
 

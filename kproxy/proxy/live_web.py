@@ -24,6 +24,7 @@ import asyncio
 import json
 import socket
 from pathlib import Path
+from typing import Callable
 
 from aiohttp import web
 
@@ -31,7 +32,8 @@ from ..observers.live import LiveView, ViewerFilter, encode_rows
 
 WEB_DIR = Path(__file__).with_name("web")
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-                ".css": "text/css; charset=utf-8", ".png": "image/png"}
+                ".css": "text/css; charset=utf-8", ".png": "image/png",
+                ".svg": "image/svg+xml"}
 STREAM_TICK_S = 0.25          # rows reach the page at most this late; batching keeps writes few
 STATUS_EVERY_S = 1.0
 # A viewer whose socket has accepted nothing for this long has gone or stalled: its stream ends.
@@ -40,16 +42,17 @@ VIEWER_STALL_S = 30.0
 STREAM_SEND_BUFFER = 256 * 1024
 
 
-def _json(status: int, payload) -> web.Response:
+def json_answer(status: int, payload) -> web.Response:
     return web.Response(status=status, body=(json.dumps(payload, default=str) + "\n").encode(),
                         headers={"Content-Type": "application/json", "Cache-Control": "no-store"})
 
 
-class LiveRoutes:
-    """aiohttp handlers for the admin listener's ``web_routes``."""
+class PageRoutes:
+    """The admin listener's ``web_routes`` for the page: ``/`` and ``/static/*`` (HTML, JS
+    and CSS, no data: served without the token), and the ``/live/`` reads, answered by a
+    subclass's ``stream``, ``overview``, ``pair`` and ``pcapng``."""
 
-    def __init__(self, live: LiveView):
-        self.live = live
+    def __init__(self):
         self._static = {p.name: (p.read_bytes(), STATIC_TYPES.get(p.suffix, "application/octet-stream"))
                         for p in WEB_DIR.iterdir() if p.is_file()}
 
@@ -67,7 +70,7 @@ class LiveRoutes:
     def _file(self, name: str) -> web.Response:
         entry = self._static.get(name)
         if entry is None:
-            return web.Response(status=404, body=b"not found\n", headers={"Content-Type": "text/plain"})
+            return _not_found()
         body, ctype = entry
         return web.Response(body=body, headers={
             "Content-Type": ctype, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff",
@@ -82,57 +85,106 @@ class LiveRoutes:
         if parts == ["stream"]:
             return await self.stream(request)
         if parts == ["overview"]:
-            return _json(200, self.live.overview())
+            return await self.overview()
         if len(parts) == 2 and parts[0] == "pairs" and parts[1].isdigit():
-            pair = await asyncio.to_thread(self.live.pair, int(parts[1]))
-            if pair is None:
-                return _json(404, {"error": "no such pair any more (only the last minutes are kept)"})
-            return _json(200, pair)
+            return await self.pair(request, int(parts[1]))
         if len(parts) == 3 and parts[0] == "connections" and parts[1].isdigit() and parts[2] == "pcapng":
-            data = await asyncio.to_thread(self.live.connection_pcapng, int(parts[1]))
-            if data is None:
-                return _json(404, {"error": "nothing recent of that connection"})
-            return web.Response(body=data, headers={
-                "Content-Type": "application/vnd.tcpdump.pcap",
-                "Content-Disposition": f'attachment; filename="kproxy-conn-{int(parts[1])}.pcapng"'})
-        return web.Response(status=404, body=b"not found\n", headers={"Content-Type": "text/plain"})
+            return await self.pcapng(request, int(parts[1]))
+        return _not_found()
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+    async def overview(self) -> web.Response:
+        raise NotImplementedError
+
+    async def pair(self, request: web.Request, pair_id: int) -> web.StreamResponse:
+        raise NotImplementedError
+
+    async def pcapng(self, request: web.Request, connection_id: int) -> web.StreamResponse:
+        raise NotImplementedError
+
+
+def _not_found() -> web.Response:
+    return web.Response(status=404, body=b"not found\n", headers={"Content-Type": "text/plain"})
+
+
+async def stream_filter(request: web.Request) -> ViewerFilter | web.Response:
+    """The viewer's filter from the query, compiled (host names resolved); or a 400."""
+    try:
+        row_filter = ViewerFilter(dict(request.query))
+        await asyncio.to_thread(row_filter.compile)
+    except ValueError as exc:
+        return json_answer(400, {"error": str(exc)})
+    return row_filter
+
+
+async def send_stream(request: web.Request, take: Callable[[], list[dict]], status: Callable[[], dict],
+                      ended: Callable[[], bool]) -> web.StreamResponse:
+    """Server-sent events to one viewer until ``ended()`` or it goes: ``take()``'s rows every
+    tick, ``status()`` every second. A viewer that stops reading is hung up on after
+    ``VIEWER_STALL_S``; its socket buffers are small (``STREAM_SEND_BUFFER``)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+    try:
+        sock = request.transport.get_extra_info("socket") if request.transport else None
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
+        await response.prepare(request)
+        loop = asyncio.get_running_loop()
+        status_at = 0.0
+        while not ended():
+            chunks = []
+            rows = take()
+            if rows:
+                chunks.append(f"event: pairs\ndata: {encode_rows(rows)}\n\n")
+            now = loop.time()
+            if now - status_at >= STATUS_EVERY_S:
+                status_at = now
+                chunks.append(f"event: status\ndata: {json.dumps(status())}\n\n")
+            if chunks:
+                await asyncio.wait_for(response.write("".join(chunks).encode()), VIEWER_STALL_S)
+            await asyncio.sleep(STREAM_TICK_S)
+    except ConnectionError:
+        pass                           # the viewer went away
+    except asyncio.TimeoutError:       # the viewer stopped reading: hang up, do not wait on it
+        if request.transport is not None:
+            request.transport.abort()
+    return response
+
+
+class LiveRoutes(PageRoutes):
+    """The page of one kproxy process, from its ``LiveView``."""
+
+    def __init__(self, live: LiveView):
+        super().__init__()
+        self.live = live
+
+    async def overview(self) -> web.Response:
+        return json_answer(200, self.live.overview())
+
+    async def pair(self, request: web.Request, pair_id: int) -> web.Response:
+        pair = await asyncio.to_thread(self.live.pair, pair_id)
+        if pair is None:
+            return json_answer(404, {"error": "no such pair any more (only the last minutes are kept)"})
+        return json_answer(200, pair)
+
+    async def pcapng(self, request: web.Request, connection_id: int) -> web.Response:
+        data = await asyncio.to_thread(self.live.connection_pcapng, connection_id)
+        if data is None:
+            return json_answer(404, {"error": "nothing recent of that connection"})
+        return web.Response(body=data, headers={
+            "Content-Type": "application/vnd.tcpdump.pcap",
+            "Content-Disposition": f'attachment; filename="kproxy-conn-{connection_id}.pcapng"'})
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        row_filter = await stream_filter(request)
+        if isinstance(row_filter, web.Response):
+            return row_filter
         live = self.live
-        try:
-            row_filter = ViewerFilter(dict(request.query))
-            await asyncio.to_thread(row_filter.compile)
-        except ValueError as exc:
-            return _json(400, {"error": str(exc)})
         viewer = live.add_viewer(row_filter)
         if viewer is None:
-            return _json(503, {"error": "too many live viewers; close one"})
+            return json_answer(503, {"error": "too many live viewers; close one"})
         try:
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                   "Cache-Control": "no-store"})
-            sock = request.transport.get_extra_info("socket") if request.transport else None
-            if sock is not None:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
-            await response.prepare(request)
-            loop = asyncio.get_running_loop()
-            status_at = 0.0
-            while not live.closed:
-                chunks = []
-                rows = viewer.take()
-                if rows:
-                    chunks.append(f"event: pairs\ndata: {encode_rows(rows)}\n\n")
-                now = loop.time()
-                if now - status_at >= STATUS_EVERY_S:
-                    status_at = now
-                    chunks.append(f"event: status\ndata: {json.dumps(viewer.status())}\n\n")
-                if chunks:
-                    await asyncio.wait_for(response.write("".join(chunks).encode()), VIEWER_STALL_S)
-                await asyncio.sleep(STREAM_TICK_S)
-        except ConnectionError:
-            pass                           # the viewer went away
-        except asyncio.TimeoutError:       # the viewer stopped reading: hang up, do not wait on it
-            if request.transport is not None:
-                request.transport.abort()
+            return await send_stream(request, viewer.take, viewer.status, lambda: live.closed)
         finally:
             live.remove_viewer(viewer)
-        return response

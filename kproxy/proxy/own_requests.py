@@ -23,6 +23,7 @@ from typing import Callable
 from ..config import Config
 from ..protocol import API_KEYS, DecodeError, Request, decode_response, encode_request, new_body
 from .log_budget import LogBudget
+from .probes import READINESS_CACHE_S
 from .relay import HostPort
 from .rewrite import node_addresses
 
@@ -38,10 +39,9 @@ DISCOVERY_MIN_INTERVAL_S = 1.0
 # A failed discovery is logged once per interval, with how many failures were not.
 DISCOVERY_LOG_INTERVAL_S = 60.0
 # /readyz asks an upstream for ApiVersions (v0: every broker answers it, before any SASL),
-# within this time, and keeps the answer this long.
+# within this time, and keeps the answer probes.READINESS_CACHE_S.
 READINESS_API_VERSIONS_VERSION = 0
 READINESS_TIMEOUT_S = 2.0
-READINESS_CACHE_S = 1.0
 # What a failed request of kproxy's own can raise: the broker is unreachable, slow,
 # hung up, speaks TLS differently, or answered something that does not decode.
 _ASK_FAILURES = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError,
@@ -136,12 +136,17 @@ class OwnRequests:
         return await asyncio.shield(self._readiness_check)
 
     def cached_readiness(self) -> tuple[bool, str] | None:
-        """The last check's result while it is fresh, else None (safe from any thread:
-        the probe listener's answers it without waiting for the event loop)."""
-        readiness = self._readiness               # one read: a (when, result) tuple
+        """The last check's result while it is fresh, else None."""
+        readiness = self._readiness
         if readiness is not None and time.monotonic() - readiness[0] < READINESS_CACHE_S:
             return readiness[1]
         return None
+
+    @property
+    def last_readiness(self) -> tuple[float, tuple[bool, str]] | None:
+        """(when, result) of the last check however old (``time.monotonic()``), or None:
+        what the event loop posts to the probe board."""
+        return self._readiness
 
     async def _check_upstreams(self) -> tuple[bool, str]:
         errors = []

@@ -48,7 +48,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, Connection, Event,
                                    ProtocolViolation, ResponseReceived)
@@ -365,15 +365,27 @@ class Endpoint(asyncio.BufferedProtocol):
 
 # Worker processes sharing the machine (``kproxy run --workers``); set by ``run_as_worker``.
 _worker_processes = 1
+_worker_index = 0
 
 
 def run_as_worker(index: int, workers: int) -> None:
     """This process is worker ``index`` of ``workers`` behind the same ports: its connection
-    ids are index+1, index+1+workers, ... (unique across the workers, so captures merged
-    from all of them keep connections apart) and its buffer budget is a 1/workers share."""
-    global _ids, _worker_processes
-    _ids = itertools.count(index + 1, workers)
-    _worker_processes = workers
+    ids come from ``worker_ids()`` (unique across the workers, so captures merged from all
+    of them keep connections apart) and its buffer budget is a 1/workers share."""
+    global _ids, _worker_processes, _worker_index
+    _worker_processes, _worker_index = workers, index
+    _ids = worker_ids()
+
+
+def worker_ids() -> Iterator[int]:
+    """Ids this process hands out (connections, the live page's pairs): 1, 2, 3, ... alone;
+    index+1, index+1+workers, ... as worker ``index``, so ``id_owner`` finds the worker."""
+    return itertools.count(_worker_index + 1, _worker_processes)
+
+
+def id_owner(some_id: int, workers: int) -> int:
+    """The index of the worker that handed out ``some_id`` (see ``worker_ids``)."""
+    return (some_id - 1) % workers
 
 
 def buffer_budget_limit() -> int:

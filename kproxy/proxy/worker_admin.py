@@ -16,9 +16,8 @@ listener, which asks every worker and combines the answers:
   own files, ``<prefix>-w<index>-...``); a start that fails on one worker is
   stopped on the others, so a capture runs everywhere or nowhere.
 - ``/workers``: each worker's state, pid, restarts and private admin address.
-- ``/``, ``/static/*``, ``/live/*``: the live page of one worker (the first one
-  up), passed through, with a notice in ``/live/overview`` saying so: merging
-  live streams (pair ids, per-connection downloads) is not done.
+- ``/``, ``/static/*``, ``/live/*``: the live page, showing every worker's traffic
+  (``kproxy.proxy.live_merge``).
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from aiohttp import web
 
 from ..observers.metrics import ExpositionMerger
 from .admin import AdminServer, SharedRender, metrics_answer
+from .live_merge import MergedLiveRoutes
 
 log = logging.getLogger("kproxy.workers")
 
@@ -67,16 +67,19 @@ class WorkerAdmin:
                  protected_prefixes: Collection[str], capture_settings: Callable[[dict, int], dict],
                  extra_metrics: Callable[[], bytes], scrape_failed: Callable[[], None]):
         self.workers = workers
-        self._auth = {"Authorization": f"Bearer {worker_token}"}
+        self.auth = {"Authorization": f"Bearer {worker_token}"}
         self.capture_settings = capture_settings
         self.extra_metrics = extra_metrics
         self.scrape_failed = scrape_failed
         self.merger = ExpositionMerger()
         self._expositions: dict[tuple[int, int], str] = {}   # (index, pid) -> its last /metrics
-        self._session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None
+        # The live page's streams from the workers (up to MAX_VIEWERS x workers, each open
+        # as long as a page is), in their own pool: never waited for by a scrape or a probe.
+        self.stream_session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scrape = SharedRender(self._render)
-        proxy = self._pass_through
+        self.live = MergedLiveRoutes(self)
         self.server = AdminServer({
             "/healthz": self.healthz, "/readyz": self.readyz, "/metrics": self._metrics,
             "/workers": self._workers,
@@ -84,18 +87,21 @@ class WorkerAdmin:
             "/capture/start": {"POST": self._capture_start},
             "/capture/stop": {"POST": self._capture_stop},
         }, admin_token=admin_token, protected=protected,
-            web_routes={"/": proxy, "/static/": proxy, "/live/": proxy},
+            web_routes=self.live.routes(),
             protected_prefixes=protected_prefixes)
 
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WORKER_ANSWER_TIMEOUT_S))
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WORKER_ANSWER_TIMEOUT_S))
+        self.stream_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         await self.server.start(host, port)
 
     async def stop(self) -> None:
+        self.live.closed = True                  # live streams end at their next tick
         await self.server.stop()
-        if self._session is not None:
-            await self._session.close()
+        for session in (self.session, self.stream_session):
+            if session is not None:
+                await session.close()
 
     def retire(self, index: int, pid: int) -> None:
         """Worker ``index`` (process ``pid``) is being replaced: what it counted stays in the sums."""
@@ -104,7 +110,7 @@ class WorkerAdmin:
 
     # ------------------------------------------------------------ asking the workers
 
-    def _serving(self) -> list[WorkerView]:
+    def serving(self) -> list[WorkerView]:
         return [w for w in self.workers() if w.admin_port is not None and w.state == "serving"]
 
     async def _ask(self, worker: WorkerView, method: str, path: str,
@@ -114,14 +120,14 @@ class WorkerAdmin:
         timeout = aiohttp.ClientTimeout(total=CAPTURE_ANSWER_TIMEOUT_S if path.startswith("/capture/")
                                         else WORKER_ANSWER_TIMEOUT_S)
         try:
-            async with self._session.request(method, url, headers=self._auth, json=body,
+            async with self.session.request(method, url, headers=self.auth, json=body,
                                              timeout=timeout) as response:
                 return response.status, await response.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             return 0, f"no answer ({type(exc).__name__})".encode()
 
-    async def _ask_all(self, method: str, path: str, bodies: Callable[[int], Any] | None = None):
-        workers = self._serving()
+    async def ask_all(self, method: str, path: str, bodies: Callable[[int], Any] | None = None):
+        workers = self.serving()
         answers = await asyncio.gather(*(self._ask(w, method, path, bodies(w.index) if bodies else None)
                                          for w in workers))
         return list(zip(workers, answers))
@@ -129,7 +135,7 @@ class WorkerAdmin:
     # ------------------------------------------------------------ /metrics
 
     async def _gather_expositions(self) -> dict[tuple[int, int], str]:
-        for worker, (status, body) in await self._ask_all("GET", "/metrics"):
+        for worker, (status, body) in await self.ask_all("GET", "/metrics"):
             if status == 200:
                 self._expositions[(worker.index, worker.pid)] = body.decode("utf-8", "replace")
             else:
@@ -148,7 +154,7 @@ class WorkerAdmin:
 
     async def healthz(self):
         workers = self.workers()
-        answers = dict((w.index, a) for w, a in await self._ask_all("GET", "/healthz"))
+        answers = dict((w.index, a) for w, a in await self.ask_all("GET", "/healthz"))
         lines, healthy = [], True
         for w in workers:
             status = answers.get(w.index, (None,))[0]
@@ -161,7 +167,7 @@ class WorkerAdmin:
 
     async def readyz(self):
         workers = self.workers()
-        answers = dict((w.index, a) for w, a in await self._ask_all("GET", "/readyz"))
+        answers = dict((w.index, a) for w, a in await self.ask_all("GET", "/readyz"))
         lines, ready = [], True
         for w in workers:
             status, body = answers.get(w.index, (None, w.state.encode()))
@@ -176,7 +182,7 @@ class WorkerAdmin:
     # ------------------------------------------------------------ capture
 
     async def _capture_status(self):
-        answers = await self._ask_all("GET", "/capture")
+        answers = await self.ask_all("GET", "/capture")
         return _json(200, _combined_capture_status(answers))
 
     async def _capture_start(self, body: bytes):
@@ -184,7 +190,7 @@ class WorkerAdmin:
         settings = control.parse_json_body(body)
         if isinstance(settings, tuple):                        # (400, error)
             return _json(*settings)
-        answers = await self._ask_all("POST", "/capture/start",
+        answers = await self.ask_all("POST", "/capture/start",
                                       lambda index: self.capture_settings(settings, index))
         combined = _combined_capture_status(answers)
         failed = [(w, status, data) for w, (status, data) in answers if status != 200]
@@ -199,37 +205,25 @@ class WorkerAdmin:
         return _json(200, combined)
 
     async def _capture_stop(self, body: bytes):
-        return _json(200, _combined_capture_status(await self._ask_all("POST", "/capture/stop")))
+        return _json(200, _combined_capture_status(await self.ask_all("POST", "/capture/stop")))
 
     # ------------------------------------------------------------ the live page
 
-    async def _pass_through(self, request: web.Request) -> web.StreamResponse:
-        """One worker's page, stream and JSON reads, passed through as they come."""
-        serving = self._serving()
-        if not serving:
-            return web.Response(status=503, body=b"no worker is serving now\n",
-                                headers={"Content-Type": "text/plain"})
-        worker = serving[0]
+    async def pass_through(self, request: web.Request, worker: WorkerView) -> web.StreamResponse:
+        """``worker``'s answer to ``request`` (a pair, a connection's pcapng), passed on as it comes."""
         url = f"http://127.0.0.1:{worker.admin_port}{request.rel_url}"
         try:
-            upstream = await self._session.get(url, headers=self._auth,
-                                               timeout=aiohttp.ClientTimeout(total=None,
-                                                                             sock_connect=WORKER_ANSWER_TIMEOUT_S))
-        except (aiohttp.ClientError, OSError) as exc:
+            upstream = await self.session.get(url, headers=self.auth,
+                                              timeout=aiohttp.ClientTimeout(total=None,
+                                                                            sock_connect=WORKER_ANSWER_TIMEOUT_S,
+                                                                            sock_read=WORKER_ANSWER_TIMEOUT_S))
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             return web.Response(status=502, body=f"worker {worker.index}: {exc}\n".encode(),
                                 headers={"Content-Type": "text/plain"})
         response: web.StreamResponse | None = None
         try:
             headers = {k: v for k, v in upstream.headers.items()
-                       if k.lower() in ("content-type", "cache-control", "content-disposition",
-                                        "content-security-policy", "x-content-type-options",
-                                        "referrer-policy")}
-            if request.path == "/live/overview" and upstream.status == 200:
-                overview = _loads(await upstream.read())
-                overview["notice"] = (f"worker {worker.index} of {len(self.workers())}: this page shows "
-                                      f"only the connections that worker serves; /metrics counts all")
-                return web.Response(status=200, body=json.dumps(overview, default=str).encode(),
-                                    headers=headers)
+                       if k.lower() in ("content-type", "cache-control", "content-disposition")}
             response = web.StreamResponse(status=upstream.status, headers=headers)
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():

@@ -31,7 +31,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from kproxy import config as kconfig
-from kproxy.observers.metrics import CLOSE_REASONS, SNI_REFUSAL_REASONS, Metrics
+from kproxy.observers.metrics import CLOSE_REASONS, SNI_REFUSAL_REASONS, Metrics, SupervisorMetrics
 from kproxy.protocol.tls_failures import HANDSHAKE_FAILURES
 from kproxy.protocol import schema
 from kproxy.runtime import Runtime      # imported before run_kproxy() stubs it out
@@ -48,7 +48,7 @@ COMPOSE = DEPLOY / "compose.yaml"
 JOB = "kproxy"                     # the scrape job name the alerts select on
 ALERTS = {"KproxyHighP99Latency", "KproxyThrottling", "KproxyErrorBurst", "KproxyDecodeFailures",
           "KproxyUpstreamUnreachable", "KproxyDown", "KproxyDeprecatedRequests",
-          "KproxyMisconfiguredConnections", "KproxySniNameAtWrongSidecar"}
+          "KproxyMisconfiguredConnections", "KproxySniNameAtWrongSidecar", "KproxyWorkerRestarting"}
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 # Labels Prometheus attaches to every series of a target (job/instance) or that the
 # Kubernetes scrape config adds; not kproxy's, but fine in selectors and groupings.
@@ -215,9 +215,9 @@ def admin_routes(config: kconfig.Config) -> set[str]:
 
 
 def probe_routes(config: kconfig.Config) -> set[str]:
-    """The probe listener's routes; none when the config does not enable it."""
+    """The probe port's routes; none when the config does not enable it."""
     probes = Runtime(config).probes
-    return set(probes.server.routes) if probes is not None else set()
+    return set(probes.routes) if probes is not None else set()
 
 
 # ---- compose
@@ -496,27 +496,34 @@ GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(
 LITERAL_ALTERNATION = re.compile(r"[A-Za-z0-9_]+(?:\|[A-Za-z0-9_]+)*")
 
 
+def exporters() -> list:
+    """What kproxy exports from: every process's ``Metrics``, and the supervisor's own
+    series (``kproxy run --workers N``, added to its workers' merged exposition)."""
+    return [Metrics(), SupervisorMetrics(2)]
+
+
 @cache
 def kproxy_metrics() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """Every series name kproxy exposes (from Metrics().registry) -> its label names, and
-    the known values of the bounded labels."""
-    metrics = Metrics()
+    """Every series name kproxy exposes (from the exporters' registries) -> its label
+    names, and the known values of the bounded labels."""
     family_labels: dict[str, set[str]] = {}
-    for wrapper in vars(metrics).values():
-        if isinstance(wrapper, MetricWrapperBase):
-            for family in wrapper.describe():
-                family_labels[family.name] = set(wrapper._labelnames)
     suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
                 "summary": ("", "_sum", "_count", "_created"), "info": ("_info",)}
     names: dict[str, set[str]] = {}
-    for family in metrics.registry.collect():
-        labels = family_labels.get(family.name, set())
-        for sample in family.samples:
-            labels = labels | (set(sample.labels) - {"le", "quantile"})
-        for suffix in suffixes.get(family.type, ("",)):
-            names[family.name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
-        for sample in family.samples:
-            names.setdefault(sample.name, labels)
+    for exporter in exporters():
+        for wrapper in vars(exporter).values():
+            if isinstance(wrapper, MetricWrapperBase):
+                for family in wrapper.describe():
+                    family_labels[family.name] = set(wrapper._labelnames)
+        for family in exporter.registry.collect():
+            labels = family_labels.get(family.name, set())
+            for sample in family.samples:
+                labels = labels | (set(sample.labels) - {"le", "quantile"})
+            for suffix in suffixes.get(family.type, ("",)):
+                names[family.name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
+            for sample in family.samples:
+                names.setdefault(sample.name, labels)
+    metrics = Metrics()
     values = {"api": set(schema.API_NAMES.values()) | {"unknown"},
               "error": set(schema.ERROR_NAMES.values()),
               "reason": set(CLOSE_REASONS) | set(HANDSHAKE_FAILURES) | set(SNI_REFUSAL_REASONS),
@@ -1069,9 +1076,10 @@ def test_promtool_alert_unit_tests(promtool):
     assert "SUCCESS" in output
 
 
-def test_promtool_lints_kproxy_exposition(promtool):
+@pytest.mark.parametrize("exporter", exporters(), ids=lambda e: type(e).__name__)
+def test_promtool_lints_kproxy_exposition(promtool, exporter):
     from prometheus_client import generate_latest
-    done = subprocess.run([promtool, "check", "metrics"], input=generate_latest(Metrics().registry),
+    done = subprocess.run([promtool, "check", "metrics"], input=generate_latest(exporter.registry),
                           capture_output=True, timeout=60)
     assert done.returncode == 0, (done.stdout + done.stderr).decode()
 
@@ -1260,6 +1268,10 @@ def test_every_metric_the_dashboard_and_alerts_use_is_served_by_a_running_kproxy
     with ProxyThread(upstream="127.0.0.1:1", broker_port_base=40000) as proxy:
         with urllib.request.urlopen(proxy.admin_url + "/metrics", timeout=10) as r:
             exposition = r.read().decode()
+    # The supervisor of `kproxy run --workers N` serves its workers' merged exposition plus
+    # these (tests/proxy/test_workers_e2e.py scrapes a real one).
+    from prometheus_client import generate_latest
+    exposition += generate_latest(SupervisorMetrics(2).registry).decode()
     families = {line.split()[2] for line in exposition.splitlines() if line.startswith("# TYPE ")}
     series = {line.split("{")[0].split()[0] for line in exposition.splitlines()
               if line and not line.startswith("#")}

@@ -618,6 +618,29 @@ def test_queue_bytes_bound(capture, tmp_path, monkeypatch):
     gate.set()
 
 
+def test_a_streamed_frame_is_charged_only_the_header_it_holds(capture, tmp_path, monkeypatch):
+    """A frame streamed before the capture began (or by a tracker nobody asked for
+    bodies) holds its header only: the queue is charged that, not the frame's wire size,
+    so a 200 KiB streamed Produce passes a 64 KiB queue that it does not fill."""
+    gate = threading.Event()
+    original = Writer._handle
+    monkeypatch.setattr(Writer, "_handle", lambda self, item: (gate.wait(5), original(self, item)))
+    start(capture, tmp_path, formats=("jsonl", "pcapng"), queue_max_bytes=64 * 1024)
+    link = Link(capture)
+    link.conn = Connection(stream_frame_bytes=4096)
+    events = link.request(0, 9, 1, **produce_request(recs=records(1, value=b"x" * 200_000)))
+    link.response(0, 9, 1, **produce_response())
+    (request,) = events
+    assert request.streamed and request.size > 200_000 and request.held_size < 1024
+    queued = capture.status()["queue"]["bytes"]
+    gate.set()
+    assert capture.dropped == 0 and capture.enqueued == 2          # the request (pcapng), the pair
+    assert queued < 4 * 1024, queued
+    capture.stop()
+    (row,) = read_jsonl(tmp_path)
+    assert row["api_name"] == "Produce" and row["request_size"] == request.size
+
+
 def test_a_failing_disk_stops_capture_with_one_log_line(capture, tmp_path, monkeypatch, caplog):
     start(capture, tmp_path, formats=("jsonl", "parquet"))
     link = Link(capture)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kproxy.observers import live as live_module
@@ -86,3 +88,36 @@ def test_recent_pairs_are_bounded_and_let_go_when_the_last_viewer_leaves(monkeyp
         assert not live.watched and not live._recent and live._recent_bytes == 0
     finally:
         live.close()
+
+
+def test_overviews_of_several_workers_merge_into_the_overview_of_all_their_traffic():
+    """``kproxy run --workers``: counts add up, p99 comes from the summed latency buckets
+    (not from the workers' p99s), and a client with connections on both is one entry."""
+    from kproxy.observers.live import merge_overviews
+
+    def worker_overview(latencies_ms, connection_ids, failed=0):
+        window = _Window()
+        for i, ms in enumerate(latencies_ms):
+            window.add(int(time.time()), "Fetch", float(ms), failed=i < failed)
+        live = LiveView()
+        live._window = window
+        for conn in connection_ids:
+            live.connection_opened(ConnectionInfo(conn, ("10.1.2.3", 5000 + conn), "bootstrap",
+                                                  ("10.9.9.9", 9092), None, 0.0))
+            request, _ = metadata_pair(conn)
+            live(ConnectionInfo(conn, ("10.1.2.3", 5000 + conn), "bootstrap", ("10.9.9.9", 9092), None, 0.0),
+                 [request])
+        return live.overview()
+
+    fast = worker_overview([1.0] * 90, [1, 3], failed=2)     # worker 0: 90 quick answers
+    slow = worker_overview([500.0] * 10, [2])                # worker 1: 10 slow ones
+    assert fast["traffic"]["apis"][0]["p99_ms"] < 2 and slow["traffic"]["apis"][0]["p99_ms"] >= 500
+    merged = merge_overviews([fast, slow])
+    (fetch,) = merged["traffic"]["apis"]
+    alone = worker_overview([1.0] * 90 + [500.0] * 10, [])["traffic"]["apis"][0]
+    assert fetch["count"] == 100 and fetch["errors"] == 2 and fetch["error_rate"] == 0.02
+    assert fetch["p99_ms"] == alone["p99_ms"] >= 500              # 10 % of all are slow
+    assert merged["connections"] == {"open": 3, "by_listener": {"bootstrap": 3}}
+    (client,) = merged["inventory"]
+    assert client["open"] == 3 and client["client_id"] is None and client["listeners"] == ["bootstrap"]
+    assert merge_overviews([])["traffic"]["apis"] == []

@@ -78,6 +78,32 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def _proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name; None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` now."""
+    return [child for child in map(int, filter(str.isdigit, os.listdir("/proc")))
+            if (_proc_stat(child) or [None, None])[1] == str(pid)]
+
+
+def process_state(pid: int) -> str | None:
+    """``pid``'s state letter (R, S, T for stopped, Z ...); None once it is gone."""
+    fields = _proc_stat(pid)
+    return None if fields is None else fields[0]
+
+
+def exited(pid: int) -> bool:
+    """True once ``pid`` has ended (gone, or a zombie nobody reaped yet)."""
+    return process_state(pid) in (None, "Z", "X")
+
+
 class ProxyThread:
     """``with ProxyThread(upstream=..., ...) as proxy: proxy.bootstrap`` → "127.0.0.1:PORT".
 

@@ -1,30 +1,44 @@
-"""The probe listener (``probe_listen``): /healthz and /readyz from a thread of their own.
+"""The probe port (``probe_listen``): /healthz and /readyz from a process of their own.
 
 Issue 10 item 4's health-check part: on the admin port a probe waited behind a
-scrape storm's connections. Here a real kproxy (ProxyThread) with its admin and
-probe listeners: probes answered while scrapes are held in flight, /healthz
-turning 503 when the event loop is deliberately blocked (and answered meanwhile),
-/readyz 503 when the broker does not answer, and the settings.
+scrape storm's connections, and on a thread of its own behind the proxy's
+garbage collections. Here a real kproxy (ProxyThread, or ``kproxy run`` in a
+process of its own) with its admin port and probe process: probes answered while
+scrapes are held in flight, /healthz turning 503 when the event loop is blocked
+or the whole kproxy process is stopped (SIGSTOP; answered meanwhile), /readyz 503
+when the broker does not answer, the probe process gone with a killed kproxy, a
+taken probe port refused at start, and the settings.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from kproxy import config as config_module
 from kproxy.proxy import admin as admin_module
 from kproxy.proxy.probes import READY_WAIT_S
-from tests.proxy.harness import ProxyThread, http_status, silent_port, wait_for
+from tests.proxy.harness import (ProxyThread, children_of, exited, free_ports, http_status, process_state,
+                                  silent_port, wait_for)
 
 PROBE_ANY = "127.0.0.1:0"
 ANSWER_TIMEOUT_S = 10.0
 SCRAPES = 200                      # far more than the admin port lets wait for one render
 PROBES = 20
 STALL_LIMIT_S = 0.5                # the heartbeat's limit in these tests (default 5 s)
+START_TIMEOUT_S = 30.0
+REPO = Path(__file__).resolve().parents[2]
+# `kproxy run` with the stall limit injected (a constant, read when the heartbeat is made).
+KPROXY_RUN = ("import sys; from kproxy.proxy import probes; probes.LOOP_STALL_LIMIT_S = %r; "
+              "from kproxy.cli import main; sys.exit(main(sys.argv[1:]))" % STALL_LIMIT_S)
 
 
 def get(url: str) -> tuple[int, str]:
@@ -46,6 +60,8 @@ def test_the_probe_port_answers_the_probes_and_nothing_else(kafka_cluster):
     with ProxyThread(upstream=kafka_cluster.bootstrap_servers, probe_listen=PROBE_ANY) as proxy:
         probe, admin = proxy.runtime.probe_url, proxy.admin_url
         assert probe is not None and probe != admin
+        answerer = proxy.runtime.probes.process
+        assert answerer.pid != os.getpid() and answerer.poll() is None       # a process of its own
         assert get(probe + "/healthz") == (200, "ok\n")
         status, body = get(probe + "/readyz")
         assert status == 200 and "answers ApiVersions" in body, body
@@ -54,6 +70,7 @@ def test_the_probe_port_answers_the_probes_and_nothing_else(kafka_cluster):
         # The admin port's probes answer as before.
         assert get(admin + "/healthz") == (200, "ok\n") and get(admin + "/readyz")[0] == 200
     assert proxy.runtime.probe_url is None                    # closed with the rest
+    assert answerer.poll() == 0                               # and its process ended
 
 
 def test_probes_are_answered_while_a_scrape_storm_is_in_flight(kafka_cluster):
@@ -95,14 +112,15 @@ def test_probes_are_answered_while_a_scrape_storm_is_in_flight(kafka_cluster):
 
 
 def test_healthz_turns_503_when_the_event_loop_is_blocked():
-    """The probe thread answers while the loop is blocked, and says it is: 503 past the
+    """The probe process answers while the loop is blocked, and says it is: 503 past the
     heartbeat's limit, and /readyz 503 when the loop cannot run the broker check; both
     well before the loop turns again. Then 200 again."""
     block_s = 2 * READY_WAIT_S + 2
     unreachable = socket.socket()
     unreachable.bind(("127.0.0.1", 0))                      # bound, not listening: refused
-    with ProxyThread(upstream="%s:%d" % unreachable.getsockname(), probe_listen=PROBE_ANY) as proxy:
-        proxy.runtime.heartbeat.stall_limit = STALL_LIMIT_S
+    proxy = ProxyThread(upstream="%s:%d" % unreachable.getsockname(), probe_listen=PROBE_ANY)
+    proxy.runtime.heartbeat.stall_limit = STALL_LIMIT_S     # posted with every heartbeat
+    with proxy:
         probe = proxy.runtime.probe_url
         assert get(probe + "/healthz")[0] == 200
         unblocked = threading.Event()
@@ -130,3 +148,95 @@ def test_readyz_on_the_probe_port_is_503_when_the_broker_does_not_answer():
         healthz = get(proxy.runtime.probe_url + "/healthz")[0]
     assert status == 503 and f"{host}:{port}: TimeoutError" in body, (status, body)
     assert healthz == 200                                   # alive, only not ready
+
+
+# ---------------------------------------------------------------- `kproxy run`, a process of its own
+
+class KproxyRun:
+    """``kproxy run`` (stall limit STALL_LIMIT_S) with a probe port, as a subprocess."""
+
+    def __init__(self, upstream: str, *extra: str, probe_port: int | None = None):
+        listen, broker_base, free_probe = free_ports(3)
+        self.probe = f"http://127.0.0.1:{probe_port or free_probe}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", KPROXY_RUN, "run", "--upstream", upstream,
+             "--listen", f"127.0.0.1:{listen}", "--broker-port-base", str(broker_base),
+             "--admin-listen", "off", "--probe-listen", self.probe[7:], *extra],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def wait_serving(self) -> None:
+        def answers() -> bool:
+            assert self.process.poll() is None, self.process.stdout.read().decode()
+            try:
+                return get(self.probe + "/healthz")[0] == 200
+            except OSError:
+                return False
+        wait_for(answers, START_TIMEOUT_S, "kproxy's probe port")
+
+    def probe_pid(self) -> int:
+        """The probe process: kproxy's child."""
+        children = children_of(self.process.pid)
+        assert len(children) == 1, children
+        return children[0]
+
+    def __enter__(self) -> "KproxyRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+        self.process.wait(30)
+        self.process.stdout.close()
+
+
+def test_probes_are_answered_while_the_kproxy_process_is_stopped():
+    """SIGSTOP freezes every thread of kproxy (a thread of its own would freeze too): the
+    probe process still answers, /healthz 503 once the stall limit passes, /readyz 503
+    when the loop cannot check; both 200/serving again after SIGCONT."""
+    unreachable = socket.socket()
+    unreachable.bind(("127.0.0.1", 0))
+    with KproxyRun("%s:%d" % unreachable.getsockname()) as kproxy:
+        kproxy.wait_serving()
+        kproxy.process.send_signal(signal.SIGSTOP)
+        try:
+            stalled = []
+            wait_for(lambda: stalled.append(get(kproxy.probe + "/healthz")) or stalled[-1][0] == 503,
+                     START_TIMEOUT_S, "/healthz to say the loop is stalled")
+            ready = get(kproxy.probe + "/readyz")
+            stopped = process_state(kproxy.process.pid)
+        finally:
+            kproxy.process.send_signal(signal.SIGCONT)
+        wait_for(lambda: get(kproxy.probe + "/healthz")[0] == 200, START_TIMEOUT_S, "/healthz to recover")
+    unreachable.close()
+    assert stopped == "T"                                        # still stopped when both answered
+    assert "event loop stalled" in stalled[-1][1] and f"limit {STALL_LIMIT_S:g}s" in stalled[-1][1], stalled[-1]
+    assert ready[0] == 503 and "did not check the upstream" in ready[1], ready
+
+
+def test_the_probe_process_ends_when_kproxy_is_killed():
+    with KproxyRun("127.0.0.1:1") as kproxy:
+        kproxy.wait_serving()
+        probe_pid = kproxy.probe_pid()
+        kproxy.process.kill()                                     # SIGKILL: no cleanup of its own
+        kproxy.process.wait(30)
+        wait_for(lambda: exited(probe_pid), START_TIMEOUT_S, "the probe process to exit")
+    with pytest.raises(OSError):                                   # and nothing listens any more
+        get(kproxy.probe + "/healthz")
+
+
+def test_a_taken_probe_port_stops_start_with_one_line_naming_it():
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        with KproxyRun("127.0.0.1:1", probe_port=taken.getsockname()[1]) as kproxy:
+            assert kproxy.process.wait(START_TIMEOUT_S) == 1
+            output = kproxy.process.stdout.read().decode()
+    finally:
+        taken.close()
+    assert "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
+    assert len(lines) == 1 and "probe_listen 127.0.0.1:" in lines[0] \
+        and "address already in use" in lines[0].lower(), output

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kproxy.embedded import recv_exactly
 from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
 from kproxy.protocol.records import Record, build_batch
-from tests.proxy.harness import KproxyProcess, free_ports
+from tests.proxy.harness import KproxyProcess, children_of, exited, free_ports
 
 pytestmark = pytest.mark.broker
 
@@ -197,6 +197,9 @@ def test_summed_metrics_equal_what_raw_clients_sent(proxy, topic):
     per_worker = [value(m, "kproxy_requests_total", api="Produce") for m in proxy.per_worker_metrics()]
     assert sum(per_worker) == value(after, "kproxy_requests_total", api="Produce")
     assert value(after, "kproxy_workers") == 2 and value(after, "kproxy_workers_up") == 2
+    from kproxy.observers.metrics import SupervisorMetrics     # every supervisor series is served
+    assert {s.name for f in SupervisorMetrics(2).registry.collect() for s in f.samples} <= \
+        {name for name, _ in after}
     assert ("process_resident_memory_bytes", (("worker", "1"),)) in after
 
 
@@ -233,13 +236,16 @@ def test_health_readiness_and_the_live_page_name_every_worker(proxy):
     for path in ("/readyz", "/healthz"):       # the probe port is the supervisor's alone
         status, body = proxy.get(path, token=None, base=proxy.probe_url)
         assert status == 200 and b"worker 0:" in body and b"worker 1:" in body, body
+    # A slot per worker on the probe board, each posted by its own worker.
+    body = proxy.get("/healthz", token=None, base=proxy.probe_url)[1].decode()
+    assert body == "".join(f"worker {w['index']}: ok (pid {w['pid']})\n" for w in proxy.workers()), body
     assert proxy.get("/live/overview", token=None)[0] == 401
-    status, body = proxy.get("/live/overview")
-    assert status == 200 and "worker 0 of 2" in json.loads(body)["notice"]
-    assert proxy.get("/")[0] == 200                              # the page itself, passed through
+    status, body = proxy.get("/live/overview")                  # merged from both (no notice)
+    assert status == 200 and json.loads(body)["workers"] == 2 and "notice" not in json.loads(body)
+    assert proxy.get("/")[0] == 200                              # the page itself
     stream = urllib.request.Request(proxy.admin_url + "/live/stream",
                                     headers={"Authorization": f"Bearer {TOKEN}"})
-    with urllib.request.urlopen(stream, timeout=20) as response:  # server-sent events, passed on
+    with urllib.request.urlopen(stream, timeout=20) as response:  # server-sent events, merged
         assert response.headers["Content-Type"] == "text/event-stream"
         assert response.readline().startswith(b"event: status")
 
@@ -286,6 +292,10 @@ def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
     while proxy.workers()[1]["state"] == "serving" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proxy.workers()[1]["state"] == "restarting"
+    # Its probe slot was reset as it died: no answer in the dead worker's name, and no
+    # stall to restart the pod for (a worker being restarted is the supervisor's job).
+    status, body = proxy.get("/healthz", token=None, base=proxy.probe_url)
+    assert status == 200 and f"pid {victim['pid']}" not in body.decode(), body
     for i in range(10):                           # the other worker serves meanwhile
         with RawClient(proxy.bootstrap) as client:
             client.produce(topic, b"during restart %d" % i)
@@ -297,6 +307,8 @@ def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
         time.sleep(0.2)
     assert worker["state"] == "serving" and worker["restarts"] == 1, worker
     assert "SIGKILL" in worker["last_exit"]
+    status, body = proxy.get("/healthz", token=None, base=proxy.probe_url)      # its successor posts
+    assert status == 200 and f"worker 1: ok (pid {worker['pid']})" in body.decode(), body
     after = proxy.metrics()
     assert value(after, "kproxy_worker_restarts_total") == 1
     # What the dead worker had counted stays in the sum: the counter does not go back.
@@ -366,3 +378,29 @@ def test_a_worker_that_keeps_dying_stops_everything_with_one_line(tmp_path):
     assert "Traceback" not in output, output
     lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
     assert len(lines) == 1 and "worker 0 died 3 times in a row" in lines[0], output
+
+
+def test_a_killed_supervisor_leaves_no_probe_process_and_no_worker(tmp_path):
+    """SIGKILL to the supervisor: the probe process (its stdin pipe closes), the workers
+    (their pipe from the supervisor closes) and every other child end by themselves."""
+    with Workers("127.0.0.1:1", [1], tmp_path, ready=None) as workers:     # no broker needed to start
+        deadline = time.monotonic() + START_TIMEOUT_S
+        body = b""
+        while body.count(b": ok (pid") < 2:
+            assert time.monotonic() < deadline and workers.process.poll() is None, workers.log_text()
+            try:
+                body = workers.get("/healthz", token=None, base=workers.probe_url)[1]
+            except OSError:
+                time.sleep(0.2)
+        # Two workers, the probe process (and multiprocessing's resource tracker).
+        children = children_of(workers.process.pid)
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children]
+        assert sum(b"probe_server" in c for c in commands) == 1, commands
+        assert sum(b"multiprocessing" in c for c in commands) >= 2, commands
+        workers.process.kill()
+        workers.process.wait(30)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not all(exited(pid) for pid in children):
+            assert time.monotonic() < deadline, [pid for pid in children if not exited(pid)]
+            time.sleep(0.1)
+

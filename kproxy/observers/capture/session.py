@@ -106,21 +106,21 @@ class Session:
                     # A response holds its request (and its frame: MBs for Produce) until
                     # written, even when the request was queued, or dropped, on its own:
                     # charge both, or the queue's bytes bound would not bound its memory.
-                    self._put("resp", info, event, None, event.size + request.size + _ITEM_OVERHEAD)
+                    self._put("resp", info, event, None, event.held_size + request.held_size + _ITEM_OVERHEAD)
                 elif self.learn_metadata and request.api_key == _METADATA:
-                    self._put("learn", info, event, None, event.size + request.size + _ITEM_OVERHEAD)
+                    self._put("learn", info, event, None, event.held_size + request.held_size + _ITEM_OVERHEAD)
                     capture.filtered += 1
                 elif self.learn_software and (request.api_key in _SASL_KEYS or (
                         request.api_key == _API_VERSIONS
                         and request.api_version >= _FIRST_SOFTWARE_VERSION)):
-                    self._put("learn", info, event, None, event.size + request.size + _ITEM_OVERHEAD)
+                    self._put("learn", info, event, None, event.held_size + request.held_size + _ITEM_OVERHEAD)
                     capture.filtered += 1
                 else:
                     capture.filtered += 1
             elif cls is RequestReceived:
                 if self.want_requests or not event.expects_response:
                     if request_ok(conn_id, event):
-                        self._put("req", info, event, None, event.size + _ITEM_OVERHEAD)
+                        self._put("req", info, event, None, event.held_size + _ITEM_OVERHEAD)
                     elif not event.expects_response:     # pairs are counted once, at their end
                         capture.filtered += 1
             elif cls is SaslTokenPassed:

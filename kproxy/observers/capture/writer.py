@@ -206,7 +206,7 @@ class Writer(threading.Thread):
         if conn is None:
             if len(self.conns) >= MAX_CONNECTIONS_TRACKED:          # no close hook: forget the oldest
                 oldest = next(iter(self.conns))
-                self.pending_bytes -= sum(r.size for r, _ in self.conns.pop(oldest).pending)
+                self.pending_bytes -= sum(r.held_size for r, _ in self.conns.pop(oldest).pending)
                 if self.pcap is not None:
                     self.pcap.streams.pop(oldest, None)
             conn = self.conns[info.id] = _Conn(info)
@@ -259,13 +259,13 @@ class Writer(threading.Thread):
         # Requests awaiting their response hold their frames (MBs for Produce); when
         # responses are dropped under overload they pile up. Past the queue's own bytes
         # bound the oldest of this connection are let go (their pairs lost, as dropped).
-        self.pending_bytes += event.size
+        self.pending_bytes += event.held_size
         while self.pending_bytes > self.config.queue_max_bytes and len(pending) > 1:
             self._unpend(pending)
 
     def _unpend(self, pending: deque):
         request, written = pending.popleft()
-        self.pending_bytes -= request.size
+        self.pending_bytes -= request.held_size
         return request, written
 
     def _response(self, info, event) -> None:
@@ -285,7 +285,7 @@ class Writer(threading.Thread):
         conn = self.conns.pop(info.id, None)
         if conn is not None and conn.pending:
             pending = list(conn.pending)
-            self.pending_bytes -= sum(r.size for r, _ in pending)
+            self.pending_bytes -= sum(r.held_size for r, _ in pending)
             if in_flight is not None:           # the tracker knows what is really unanswered
                 pending = pending[len(pending) - in_flight:] if in_flight else []
             for request, written in pending:

@@ -166,6 +166,7 @@ function rowElement(p) {
   tr.dataset.id = p.id;
   tr.dataset.api = p.api;
   tr.dataset.conn = p.conn;
+  if (p.pid) tr.dataset.pid = p.pid;     // kproxy run --workers: the worker process the pair is on
   const failed = p.error_count > 0 || p.decode_error;
   if (failed) tr.classList.add("failed");
   cell(tr, fmtTime(p.time));
@@ -187,15 +188,19 @@ function rowElement(p) {
 
 function showStatus(s) {
   const lost = s.dropped + s.thinned + s.overloaded;
+  const notices = [];
   if (lost) {
     const parts = [];
     if (s.thinned) parts.push(`${s.thinned} thinned (over the page's per-second cap)`);
     if (s.dropped) parts.push(`${s.dropped} dropped (this page fell behind)`);
     if (s.overloaded) parts.push(`${s.overloaded} not analysed (kproxy's live view was busy)`);
-    showNotice(`Sampled stream: ${s.sent} of ${s.matched + s.overloaded} matching pairs shown; ` + parts.join(", ") + ".");
-  } else if (!refused) {
-    $("#notice").hidden = true;
+    notices.push(`Sampled stream: ${s.sent} of ${s.matched + s.overloaded} matching pairs shown; ` + parts.join(", ") + ".");
   }
+  if (s.workers_missing && s.workers_missing.length) {     // kproxy run --workers
+    notices.push(`Not shown: the connections of worker ${s.workers_missing.join(", ")} (of ${s.workers}), not serving or not answering now.`);
+  }
+  if (notices.length) showNotice(notices.join(" "));
+  else if (!refused) $("#notice").hidden = true;
 }
 
 function showNotice(text) {
@@ -259,11 +264,12 @@ async function openDetail(tr) {
   const aside = $("#detail");
   aside.hidden = false;
   aside.dataset.conn = tr.dataset.conn;
+  aside.dataset.origin = tr.dataset.pid ? "?pid=" + tr.dataset.pid : "";
   $("#detail-title").textContent = `${tr.dataset.api} · pair ${tr.dataset.id}`;
   $("#detail-request").textContent = $("#detail-response").textContent = "loading…";
   let pair;
   try {
-    const r = await call("/live/pairs/" + tr.dataset.id);
+    const r = await call("/live/pairs/" + tr.dataset.id + aside.dataset.origin);
     pair = await r.json();
     if (!r.ok) throw new Error(pair.error || r.statusText);
   } catch (e) {
@@ -294,7 +300,7 @@ $("#detail-close").addEventListener("click", closeDetail);
 $("#detail-pcap").addEventListener("click", async () => {
   const conn = $("#detail").dataset.conn;
   try {
-    const r = await call(`/live/connections/${conn}/pcapng`);
+    const r = await call(`/live/connections/${conn}/pcapng` + $("#detail").dataset.origin);
     if (!r.ok) { showNotice((await r.json()).error); return; }
     const url = URL.createObjectURL(await r.blob());
     const a = document.createElement("a");
@@ -323,7 +329,7 @@ async function refreshOverview() {
       const o = await (await call("/live/overview")).json();
       const t = o.traffic;
       $("#window-note").textContent = t.since ? `over the last ${Math.round(t.span_s)} s (counted while this page is open)` : "(waiting for traffic)";
-      if (o.notice) $("#window-note").textContent += ` · ${o.notice}`;   // kproxy run --workers: one worker's view
+      if (o.notice) $("#window-note").textContent += ` · ${o.notice}`;   // kproxy run --workers: a worker missing
       fillTable($("#apis tbody"), t.apis, (a) => [
         [a.api], [a.rate_recent_per_s.toFixed(2), "num"], [a.rate_per_s.toFixed(2), "num"],
         [a.p99_ms == null ? "–" : "≤ " + a.p99_ms.toFixed(2), "num"],
