@@ -175,13 +175,16 @@ class KproxyProcess:
 
     ``listen`` and ``admin_listen`` default to free loopback ports (a test that picks more
     ports passes them too, from one ``free_ports`` call, so all differ). On entry the process
-    starts and, unless ``ready`` is None, is waited for until ``GET <admin><ready>``
-    answers 200; on exit it gets SIGTERM (then SIGKILL past ``PROCESS_STOP_TIMEOUT_S``).
-    A failure inside, or in starting, carries the tail of the process's log.
+    starts and, unless ``ready`` is None, is waited for until ``GET <admin><ready>`` (the
+    probe port's with ``admin_listen="off"``) answers 200; on exit it gets SIGTERM (then
+    SIGKILL past ``PROCESS_STOP_TIMEOUT_S``). A failure inside, or in starting, carries the
+    tail of the process's log. ``entry``: what runs kproxy (``("-c", CODE)`` to patch a
+    constant first).
     """
 
     def __init__(self, directory: Path, *, ready: str | None = "/readyz", env: dict[str, str] | None = None,
-                 preexec_fn: Callable[[], None] | None = None, **settings: Any):
+                 preexec_fn: Callable[[], None] | None = None, entry: tuple[str, ...] = ("-m", "kproxy"),
+                 **settings: Any):
         if "listen" not in settings or "admin_listen" not in settings:
             listen, admin = free_ports(2)
             settings.setdefault("listen", f"127.0.0.1:{listen}")
@@ -190,6 +193,7 @@ class KproxyProcess:
         self.ready = ready
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         self.preexec_fn = preexec_fn
+        self.entry = entry
         name = f"kproxy-{uuid.uuid4().hex[:6]}"
         self.config_path = Path(directory) / f"{name}.toml"
         self.log_path = Path(directory) / f"{name}.log"
@@ -204,8 +208,9 @@ class KproxyProcess:
         return self.settings["listen"]
 
     @property
-    def admin_url(self) -> str:
-        return f"http://{self.settings['admin_listen']}"
+    def admin_url(self) -> str | None:
+        admin = self.settings["admin_listen"]
+        return None if admin == "off" else f"http://{admin}"
 
     @property
     def probe_url(self) -> str | None:
@@ -235,14 +240,14 @@ class KproxyProcess:
         self._write_config()
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "kproxy", "run", "--config", str(self.config_path)],
+                [sys.executable, *self.entry, "run", "--config", str(self.config_path)],
                 env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=self.preexec_fn)
 
     def wait_ready(self, path: str = "/readyz", timeout: float = PROCESS_START_TIMEOUT_S) -> None:
         def ready() -> bool:
             assert self.process.poll() is None, f"kproxy exited with {self.process.returncode}"
             try:
-                return http_status(self.admin_url + path, timeout=5)[0] == 200
+                return http_status((self.admin_url or self.probe_url) + path, timeout=5)[0] == 200
             except OSError:
                 return False
         wait_for(ready, timeout, f"kproxy's {path} to answer 200")
