@@ -13,6 +13,15 @@ and costs to render.
 
 ``--compare TREE`` runs the same measurements on kproxy from TREE (before) and
 from this tree (after), alternately in child processes, and prints them side by side.
+
+``--mix`` measures the large-frame mix instead (Produce v9-v13 requests and Fetch
+v12-v18 answers of 1 MiB of 1 KiB records over 4 partitions; Metadata, Heartbeat,
+OffsetCommit pairs): what the default path (address rewriting, the metrics, kproxy's
+decode-failure log) costs beyond the tracker, per pair and per GB relayed.
+``--instructions`` counts machine instructions per pair of it under valgrind::
+
+    python benchmarks/bench_metrics.py --mix [--batch-records 64] [--compare /work/main]
+    python benchmarks/bench_metrics.py --mix --instructions [--compare /work/main]
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -40,8 +50,8 @@ sys.path.insert(0, _tree_from_argv())
 from prometheus_client import generate_latest  # noqa: E402
 
 from kproxy.observers.metrics import Metrics  # noqa: E402
-from kproxy.protocol import (Request, Response, Struct, encode_request, encode_response, new_body,  # noqa: E402
-                             schema)
+from kproxy.protocol import (Request, Response, Struct, Uuid, encode_request, encode_response,  # noqa: E402
+                             new_body, schema)
 from kproxy.protocol.connection import Connection, ResponseReceived  # noqa: E402
 from kproxy.protocol.records import Record, build_batch  # noqa: E402
 
@@ -127,6 +137,150 @@ def observer_alone(client: bytes, broker: bytes, repeat: int) -> float:
     return best / (len(events) / 2)
 
 
+# The large-frame mix (issue 12): what relaying 1 KiB records looks like to the observers.
+RECORD_BYTES = 1024
+FRAME_RECORDS = 1024             # 1 MiB of records per Produce request and per Fetch answer
+MIX_PARTITIONS = 4               # spread over this many partitions of one topic
+PRODUCE_VERSIONS = range(9, 14)  # every version modern clients send, in turn
+FETCH_VERSIONS = range(12, 19)
+TOPIC_ID = Uuid(bytes(range(16)))
+MIX_KINDS = ("produce", "fetch", "small")
+
+
+def _partition_records(batch_records: int, first_offset: int) -> bytes:
+    """``FRAME_RECORDS / MIX_PARTITIONS`` records of 1 KiB as uncompressed batches of ``batch_records``."""
+    count = FRAME_RECORDS // MIX_PARTITIONS
+    value = b"v" * (RECORD_BYTES - 8)
+    return b"".join(
+        build_batch([Record(0, 1_700_000_000_000, b"k" * 8, value, ()) for _ in range(min(batch_records, count - i))],
+                    base_offset=first_offset + i)
+        for i in range(0, count, batch_records))
+
+
+def mix_pairs(kind: str, batch_records: int) -> list[tuple[int, int, Struct, Struct]]:
+    """(api key, version, request body, response body) of one round of a kind of the mix:
+    ``produce`` (Produce v9-v13 of 1 MiB), ``fetch`` (Fetch v12-v18 answered with 1 MiB) or
+    ``small`` (Metadata v12, Heartbeat v4, OffsetCommit v8)."""
+    records = [_partition_records(batch_records, 1000 * p) for p in range(MIX_PARTITIONS)]
+
+    def topic(version: int, by_id_from: int, **fields) -> Struct:
+        key = dict(topic_id=TOPIC_ID) if version >= by_id_from else {}
+        return Struct(**key, **fields)
+
+    pairs = []
+    if kind == "produce":
+        for v in PRODUCE_VERSIONS:
+            name = dict(name="orders") if v < 13 else {}
+            request = new_body("request", 0, v, acks=-1, timeout_ms=30000, topic_data=[
+                topic(v, 13, **name, partition_data=[Struct(index=p, records=records[p])
+                                                     for p in range(MIX_PARTITIONS)])])
+            response = new_body("response", 0, v, responses=[topic(v, 13, **name, partition_responses=[
+                Struct(index=p, error_code=0, base_offset=1000 * p, log_append_time_ms=-1, log_start_offset=0,
+                       record_errors=[], error_message=None) for p in range(MIX_PARTITIONS)])])
+            pairs.append((0, v, request, response))
+    elif kind == "fetch":
+        for v in FETCH_VERSIONS:
+            name = dict(topic="orders") if v < 13 else {}
+            request = new_body("request", 1, v, max_wait_ms=500, min_bytes=1, max_bytes=52428800,
+                               session_id=7, session_epoch=5, topics=[topic(v, 13, **name, partitions=[
+                                   Struct(partition=p, fetch_offset=1000 * p, partition_max_bytes=1048576,
+                                          log_start_offset=-1, current_leader_epoch=0, last_fetched_epoch=-1)
+                                   for p in range(MIX_PARTITIONS)])])
+            response = new_body("response", 1, v, session_id=7, responses=[topic(v, 13, **name, partitions=[
+                Struct(partition_index=p, error_code=0, high_watermark=1000 * p + 5000, last_stable_offset=1000 * p + 5000,
+                       log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1, records=records[p])
+                for p in range(MIX_PARTITIONS)])])
+            pairs.append((1, v, request, response))
+    else:
+        partitions = [Struct(partition_index=p, leader_id=p % 3, leader_epoch=1, replica_nodes=[0, 1, 2],
+                             isr_nodes=[0, 1, 2], offline_replicas=[]) for p in range(MIX_PARTITIONS)]
+        pairs.append((3, 12, new_body("request", 3, 12, topics=[Struct(topic_id=TOPIC_ID, name="orders")]),
+                      new_body("response", 3, 12, cluster_id="c", controller_id=0, brokers=[
+                          Struct(node_id=n, host=f"broker-{n}.example", port=9092, rack=None) for n in range(3)],
+                          topics=[Struct(name="orders", topic_id=TOPIC_ID, partitions=partitions)])))
+        pairs.append((12, 4, new_body("request", 12, 4, group_id="g", generation_id=3, member_id="m"),
+                      new_body("response", 12, 4)))
+        pairs.append((8, 8, new_body("request", 8, 8, group_id="g", generation_id_or_member_epoch=3, member_id="m",
+                                     topics=[Struct(name="orders", partitions=[
+                                         Struct(partition_index=p, committed_offset=1000 * p, committed_metadata="")
+                                         for p in range(MIX_PARTITIONS)])]),
+                      new_body("response", 8, 8, topics=[Struct(name="orders", partitions=[
+                          Struct(partition_index=p, error_code=0) for p in range(MIX_PARTITIONS)])])))
+    return pairs
+
+
+def mix_streams(kind: str, batch_records: int) -> tuple[list, list, int, int]:
+    """Client and broker frames (size prefix included) of one round of ``kind``, its pairs and
+    its bytes (both ways)."""
+    client, broker = [], []
+    pairs = mix_pairs(kind, batch_records)
+    for i, (api_key, version, request, response) in enumerate(pairs):
+        client.append(framed(encode_request(Request(api_key, version, i, "bench", request))))
+        broker.append(framed(encode_response(Response(i, response), api_key, version)))
+    return client, broker, len(pairs), sum(map(len, client + broker))
+
+
+MIX_ROUNDS = 4          # rounds of a kind's versions per run
+
+
+def mix_run(client: list, broker: list, proxy=None, observers=()) -> None:
+    """What kproxy does with the frames, each as one read (the relay's reads are large, and it
+    assembles frames that span them in place): the tracker alone (no ``proxy``), or as ``kproxy
+    run`` has it (``proxy``'s address rewriting holds and reads Produce v10+ and Fetch v16+
+    answers) with ``observers`` fed each read's events."""
+    conn = Connection(hold=proxy.hold, transform=proxy.transform) if proxy else Connection()
+    for frames, feed in ((client, conn.receive_client), (broker, conn.relay_broker)):
+        for frame in frames:
+            result = feed(frame)
+            events = result[0] if isinstance(result, tuple) else result
+            for observer in observers:
+                observer(None, events)
+
+
+def default_path():
+    """A Proxy (sidecar mode: no listeners to open) and the observers ``kproxy run`` has on by
+    default that look at events: metrics, and the proxy's own decode-failure log (capture off
+    and the live view unwatched return at once)."""
+    from kproxy.config import build
+    from kproxy.proxy.server import Proxy
+    proxy = Proxy(build({"upstream": "127.0.0.1:1", "mode": "sidecar"}), [Metrics()])
+    return proxy, [o for o in proxy.observers if callable(o)]
+
+
+def mix_observe(kind: str, batch_records: int, runs: int, observed: bool) -> None:
+    """``runs`` runs of ``MIX_ROUNDS`` rounds of ``kind``, observed (``default_path``) or the
+    tracker alone: for instruction counts (``--only KIND`` with ``--observer metrics|none``)."""
+    client, broker, _, _ = mix_streams(kind, batch_records)
+    client, broker = client * MIX_ROUNDS, broker * MIX_ROUNDS
+    proxy, observers = default_path() if observed else (None, ())
+    for _ in range(runs):
+        mix_run(client, broker, proxy, observers)
+
+
+def measure_mix(args) -> dict:
+    """CPU µs per pair and s per GB relayed of ``default_path`` beyond the tracker alone, on
+    each kind of the mix: decoding, rewriting checks, metrics. Alternated, best of ``--repeat``."""
+    result = {"batch_records": args.batch_records}
+    for kind in MIX_KINDS:
+        client, broker, pairs, nbytes = mix_streams(kind, args.batch_records)
+        client, broker, pairs, nbytes = (client * MIX_ROUNDS, broker * MIX_ROUNDS, pairs * MIX_ROUNDS,
+                                         nbytes * MIX_ROUNDS)
+        proxy, observers = default_path()
+        mix_run(client, broker, proxy, observers)          # codecs compiled, series made
+        alone = observed = float("inf")
+        for _ in range(args.repeat):
+            start = time.process_time()
+            mix_run(client, broker)
+            middle = time.process_time()
+            mix_run(client, broker, proxy, observers)
+            alone, observed = min(alone, middle - start), min(observed, time.process_time() - middle)
+        result[f"mix_{kind}_us_per_pair"] = (observed - alone) / pairs * 1e6
+        result[f"mix_{kind}_s_per_gb"] = (observed - alone) / nbytes * 1e9
+        result[f"mix_{kind}_tracker_us_per_pair"] = alone / pairs * 1e6
+        result[f"mix_{kind}_bytes_per_pair"] = nbytes // pairs
+    return result
+
+
 def every_api_requested(metrics) -> None:
     """One header-only request of every API kproxy knows (the bodies do not decode): each API's
     series then exist, as after a client that used them all."""
@@ -191,6 +345,42 @@ COMPARED = (
     ("scrape_every_api_render_ms", "after every API once: render", "ms"),
 )
 
+# Instruction counts (valgrind): runs of a kind with the observer and without, at two run
+# counts, so that start-up, building the traffic and compiling codecs cancel out.
+INSTRUCTION_RUNS = (2, 12)
+
+
+def instructions(tree: str, kind: str, observer: str, runs: int, batch_records: int) -> int:
+    """Machine instructions of one ``--only`` run under valgrind (cachegrind, no cache simulation)."""
+    command = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+               sys.executable, __file__, "--tree", tree, "--only", kind, "--observer", observer,
+               "--runs", str(runs), "--batch-records", str(batch_records)]
+    env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
+    err = subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True).stderr
+    return int(re.search(r"I\s+refs:\s+([\d,]+)", err).group(1).replace(",", ""))
+
+
+def measure_instructions(trees: dict[str, str], batch_records: int) -> dict:
+    """Instructions per pair of the metrics observer (decoding included) and of the tracker, per
+    kind of the mix and tree."""
+    low, high = INSTRUCTION_RUNS
+    out: dict = {}
+    for kind in MIX_KINDS:
+        pairs = len(mix_pairs(kind, 1024)) * MIX_ROUNDS * (high - low)
+        for side, tree in trees.items():
+            counts = {(observer, runs): instructions(tree, kind, observer, runs, batch_records)
+                      for observer in ("metrics", "none") for runs in INSTRUCTION_RUNS}
+            observed = (counts["metrics", high] - counts["none", high]) - (counts["metrics", low] - counts["none", low])
+            out[f"{side}_{kind}_metrics_instructions_per_pair"] = observed / pairs
+            out[f"{side}_{kind}_tracker_instructions_per_pair"] = (counts["none", high] - counts["none", low]) / pairs
+    return out
+
+
+MIX_COMPARED = tuple((f"mix_{kind}_{key}", f"{kind}: {label}", unit) for kind in MIX_KINDS
+                     for key, label, unit in (("us_per_pair", "observers + rewriting beyond the tracker", "us/pair"),
+                                              ("s_per_gb", "the same per GB relayed", "s/GB")))
+
 
 def compare(args) -> int:
     """Before (``--compare`` tree) and after (this tree), alternately, best of the rounds."""
@@ -202,6 +392,8 @@ def compare(args) -> int:
         for side in order:
             command = [sys.executable, __file__, "--tree", trees[side], "--json",
                        "--pairs", str(args.pairs), "--repeat", str(args.repeat)]
+            if args.mix:
+                command += ["--mix", "--batch-records", str(args.batch_records)]
             env = {**os.environ, "PYTHONPATH": trees[side]}
             out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
             runs[side].append(json.loads(out))
@@ -212,13 +404,15 @@ def compare(args) -> int:
         print(json.dumps({"trees": trees, "rounds": args.rounds, "load_average_1m": loads,
                           "best": best, "runs": runs}, indent=2))
         return 0
-    print(f"{args.pairs} pairs, best of {args.rounds} rounds x {args.repeat}; before = {trees['before']}, "
+    what = f"the mix ({args.batch_records} records per batch)" if args.mix else f"{args.pairs} pairs"
+    print(f"{what}, best of {args.rounds} rounds x {args.repeat}; before = {trees['before']}, "
           f"after = {trees['after']}; 1-minute load average {min(loads):.1f}-{max(loads):.1f} "
           f"on {os.cpu_count()} cores")
     print(f"{'':52} {'before':>10} {'after':>10}")
-    for key, label, unit in COMPARED:
+    for key, label, unit in (MIX_COMPARED if args.mix else COMPARED):
         before, after = best["before"].get(key), best["after"].get(key)
-        shown = [f"{v:10.1f}" if isinstance(v, float) else f"{v:10}" for v in (before, after)]
+        digits = 3 if unit == "s/GB" else 1
+        shown = [f"{v:10.{digits}f}" if isinstance(v, float) else f"{v:10}" for v in (before, after)]
         print(f"{label:52} {shown[0]} {shown[1]} {unit}")
     return 0
 
@@ -231,12 +425,44 @@ def main() -> int:
     parser.add_argument("--tree", help="import kproxy from this checkout (default: this one)")
     parser.add_argument("--compare", metavar="TREE", help="before/after: kproxy of TREE beside this one")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of --compare")
+    parser.add_argument("--mix", action="store_true",
+                        help="the large-frame mix instead: Produce v9-v13 and Fetch v12-v18 of 1 MiB, small pairs")
+    parser.add_argument("--batch-records", type=int, default=64, help="records per batch in the mix")
+    parser.add_argument("--only", choices=MIX_KINDS, help="run one kind of the mix --runs times, untimed")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--observer", choices=("metrics", "none"), default="metrics",
+                        help="with --only: metrics and rewriting as kproxy run has them, or none (the tracker alone)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="instructions per pair of the mix under valgrind (with --compare: both trees)")
     args = parser.parse_args()
+    if args.only:
+        mix_observe(args.only, args.batch_records, args.runs, args.observer == "metrics")
+        return 0
+    if args.instructions:
+        trees = {"before": args.compare, "after": str(HERE)} if args.compare else {"this": str(HERE)}
+        result = measure_instructions(trees, args.batch_records)
+        if args.json:
+            print(json.dumps(result, indent=2))
+            return 0
+        print(f"instructions per pair (valgrind), {args.batch_records} records per batch")
+        for kind in MIX_KINDS:
+            print(f"{kind:8} " + "  ".join(
+                f"{side}: metrics {result[f'{side}_{kind}_metrics_instructions_per_pair']:10,.0f} "
+                f"tracker {result[f'{side}_{kind}_tracker_instructions_per_pair']:9,.0f}" for side in trees))
+        return 0
     if args.compare:
         return compare(args)
-    result = measure(args)
+    result = measure_mix(args) if args.mix else measure(args)
     if args.json:
         print(json.dumps(result, indent=2))
+        return 0
+    if args.mix:
+        print(f"observers and rewriting beyond the tracker (decoding included), CPU time, best of "
+              f"{args.repeat} ({args.batch_records} records of {RECORD_BYTES} B per batch)")
+        for kind in MIX_KINDS:
+            print(f"{kind:8} {result[f'mix_{kind}_bytes_per_pair']:10,} B/pair "
+                  f"{result[f'mix_{kind}_us_per_pair']:9.1f} us/pair {result[f'mix_{kind}_s_per_gb']:7.3f} s/GB"
+                  f"   (tracker alone {result[f'mix_{kind}_tracker_us_per_pair']:.1f} us/pair)")
         return 0
     print(f"{args.pairs} request/response pairs (Produce v9, Fetch v12 of 4 partitions with records, Heartbeat v4), "
           f"best of {args.repeat}")

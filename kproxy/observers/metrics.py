@@ -38,9 +38,8 @@ from .. import __version__
 from ..protocol import API_KEYS, SCHEMA_SOURCES, api_name, error_name, is_removed, schema
 from ..protocol.connection import (WRONG_PROTOCOLS, MalformedFrame, RequestReceived,
                                    ResponseReceived, SaslTokenPassed)
-from ..protocol import DecodeError
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
-from ..protocol.records import CODEC_NAMES, iter_batches
+from ..protocol.records import CODEC_NAMES, count_batches
 from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
 from ..protocol.walk import error_codes
 from ..protocol.tls_failures import HANDSHAKE_FAILURES
@@ -195,6 +194,17 @@ class _ApiSeries:
         self.throttle = _Histogram(THROTTLE_BUCKETS)
 
 
+class _VersionCount:
+    """Requests of one API version, as a plain number (``_VersionCollector`` publishes it)."""
+
+    __slots__ = ("api", "version", "removed", "count")
+
+    def __init__(self, api: str, api_key: int, api_version: int):
+        self.api, self.version = api, str(api_version)
+        self.removed = is_removed(api_key, api_version)      # Kafka 4.0 rejects it
+        self.count = 0
+
+
 class _BatchTotals:
     """Record batches seen in one direction (Produce requests or Fetch responses), as plain numbers."""
 
@@ -231,9 +241,9 @@ class Metrics:
                       ["version", "python", "kafka_schema"], registry=r)
         build.labels(__version__, platform.python_version(), "+".join(SCHEMA_SOURCES)).set(1)
 
-        self.request_versions = Counter("kproxy_request_versions_total",
-                                        "Requests by API and version (which client versions are in use)",
-                                        ["api", "version"], registry=r)
+        # (api key, version) -> its request count, published at scrape time (every request adds one)
+        self._versions: dict[tuple[int, int], _VersionCount] = {}
+        r.register(_VersionCollector(self._versions))
         # The per-API metrics of every pair: plain numbers, published at scrape time.
         self._apis: dict[int, _ApiSeries] = {}        # api key -> its series (unknown keys share one)
         self._api_series: dict[str, _ApiSeries] = {}  # label value -> series, in the order first seen
@@ -365,8 +375,6 @@ class Metrics:
         self._error_children: dict[tuple[str, int], object] = {}   # (api, error code) -> child
         self._decode_failures = {d: self.decode_failures.labels(d) for d in ("request", "response")}
         self._streamed = {d: self.frames_streamed.labels(d) for d in ("request", "response")}
-        # (api key, version) -> (versions child, removed in Kafka 4.0?)
-        self._versions: dict[tuple[int, int], tuple[object, bool]] = {}
 
     def _series(self, api_key: int) -> _ApiSeries:
         series = self._apis.get(api_key)
@@ -406,17 +414,15 @@ class Metrics:
             key = (event.api_key, event.api_version)
             version = self._versions.get(key)
             if version is None:
-                version = self._versions[key] = (
-                    self.request_versions.labels(series.name, str(event.api_version)),
-                    is_removed(event.api_key, event.api_version))
-            version[0].inc()
-            if version[1]:                    # from the header alone: no decoding needed
+                version = self._versions[key] = _VersionCount(series.name, event.api_key, event.api_version)
+            version.count += 1
+            if version.removed:               # from the header alone: no decoding needed
                 self.deprecated_requests.labels(series.name, str(event.api_version),
                                                 self._software_of(info)).inc()
         if event.streamed:                    # no body: nothing more to count
             self._streamed["request"].inc()
             return
-        request = event.request
+        request = event.partial               # Produce: only topics and records decoded
         if request is None:
             self._decode_failures["request"].inc()
             return
@@ -444,7 +450,7 @@ class Metrics:
             self._streamed["response"].inc()
             series.latency.observe(event.latency)
             return
-        response = event.response
+        response = event.partial              # Produce, Fetch: only the fields read below decoded
         if response is None:
             self._decode_failures["response"].inc()
             series.latency.observe(event.latency)
@@ -491,18 +497,11 @@ class Metrics:
         return total
 
     def _count_batches(self, records, totals: _BatchTotals) -> int:
-        """Batch headers only: no decompression. Returns the bytes of complete batches."""
+        """Batch headers only: no decompression. Returns the bytes of complete batches
+        (garbage records are the broker's business: counted what was readable)."""
         if not records:
             return 0
-        nbytes = count = 0
-        batches = totals.batches
-        try:
-            for batch in iter_batches(records):
-                nbytes += batch.size_bytes
-                batches[batch.compression] += 1
-                count += batch.record_count or 0
-        except DecodeError:
-            pass        # garbage records are the broker's business; counted what was readable
+        nbytes, count = count_batches(records, totals.batches)
         totals.records += count
         totals.bytes += nbytes
         return nbytes
@@ -712,7 +711,7 @@ class Metrics:
         Incremental fetch sessions (KIP-227) name only partitions whose position changed, and
         answer only partitions with news: the rest keep what the connection last said.
         """
-        request = event.request_event.request
+        request = event.request_event.partial
         if request is None or request.is_opaque or getattr(body, "error_code", 0):
             return
         wanted = request.body
@@ -1011,6 +1010,24 @@ class _ApiCollector:
     def describe(self):
         return [CounterMetricFamily(name, help_text) for _, name, help_text in API_COUNTERS] + \
             [HistogramMetricFamily(name, help_text) for _, name, help_text in API_HISTOGRAMS]
+
+
+class _VersionCollector:
+    """kproxy_request_versions_total, from the plain counts at scrape time."""
+
+    NAME, HELP = "kproxy_request_versions_total", "Requests by API and version (which client versions are in use)"
+
+    def __init__(self, versions: dict):
+        self.versions = versions      # (api key, version) -> _VersionCount; the loop adds new ones
+
+    def collect(self):
+        family = CounterMetricFamily(self.NAME, self.HELP, labels=["api", "version"])
+        for entry in tuple(self.versions.values()):     # one C call under the GIL
+            family.add_metric([entry.api, entry.version], entry.count)
+        yield family
+
+    def describe(self):
+        return [CounterMetricFamily(self.NAME, self.HELP)]
 
 
 # Record batch totals: (metric name stem, help of records, bytes, batches) per direction.

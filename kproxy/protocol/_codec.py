@@ -98,6 +98,16 @@ def read_uvarint(buf, pos: int) -> tuple[int, int]:
     b = buf[pos]
     if b < 0x80:
         return b, pos + 1
+    # Two and three bytes unrolled: the length of every records field (Produce, Fetch) of
+    # 128 B to 2 MiB. Same checks as the loop below (the last byte may not be 0).
+    b1 = buf[pos + 1]
+    if b1 < 0x80:
+        if b1 == 0:
+            raise DecodeError("non-minimal varint")
+        return (b & 0x7F) | (b1 << 7), pos + 2
+    b2 = buf[pos + 2]
+    if 0 < b2 < 0x80:
+        return (b & 0x7F) | ((b1 & 0x7F) << 7) | (b2 << 14), pos + 3
     result = b & 0x7F
     shift = 7
     end = pos + MAX_VARINT_BYTES
@@ -365,13 +375,17 @@ class _Compiler:
     # -------------------------------------------------------- generated readers
 
     def generated_reader(self, name: str, regular: list[FieldSpec], tag_table: dict,
-                         defaults: dict) -> Reader:
+                         defaults: dict, skipped: frozenset = frozenset(), build: bool = True) -> Reader:
         """Python source for one struct's reader, compiled once.
 
         Straight-line code with the common cases inlined (runs of fixed-width
         fields in one unpack, one-byte varints, strings) is several times faster
         than calling a closure per field; everything unusual calls the same
         helpers the closures use.
+
+        Fields named in ``skipped`` are checked as strictly but not kept
+        (``skip_source``); without ``build`` the reader keeps nothing and returns
+        (None, pos). Both are for partial decoding (``skim``).
         """
         ns: dict[str, Any] = {
             "DecodeError": DecodeError, "struct_error": struct.error, "_new": _new_struct,
@@ -398,21 +412,24 @@ class _Compiler:
             group.clear()
 
         for f in regular:
-            out_names.append(f.name)
+            kept = build and f.name not in skipped
+            if kept:
+                out_names.append(f.name)
             if f.type in FIXED:
-                group.append(f)
+                group.append(f)          # unpacked with its run either way: one call
                 continue
             flush_group()
             lines.append(f"  _f = {f.name!r}")
-            lines.extend("  " + line for line in self.field_source(f, f"v_{f.name}", ns))
+            source = self.field_source(f, f"v_{f.name}", ns) if kept else self.skip_source(f, ns)
+            lines.extend("  " + line for line in source)
         flush_group()
         items = ", ".join(f"{n!r}: v_{n}" for n in out_names)
-        lines.append(f"  d = {{{items}}}")
+        lines.append(f"  d = {{{items}}}" if build else "  d = {}")
         if flexible:
             lines.append("  _f = '<tagged fields>'")
             lines.append("  if buf[pos] == 0:")
             lines.append("   pos += 1")
-            if tag_table:
+            if tag_table and build:
                 lines.append("   d.update(_TAG_DEFAULTS)")
             lines.append("  else:")
             lines.append("   pos = _read_tagged(buf, pos, d, _TAGS, _DEFAULTS)")
@@ -421,7 +438,7 @@ class _Compiler:
             f"  raise DecodeError(f'{name}.{{_f}}: {{exc}}') from None",
             " except (struct_error, IndexError) as exc:",
             f"  raise DecodeError(f'{name}.{{_f}} at byte {{pos}}: truncated ({{exc}})') from None",
-            " return _new(d), pos",
+            " return _new(d), pos" if build else " return None, pos",
         ]
         exec(compile("\n".join(lines), f"<kproxy {self.spec.name} v{self.version} {name}>", "exec"), ns)
         return ns["read"]
@@ -522,6 +539,44 @@ class _Compiler:
         if t.startswith("[]"):
             return self.array_source(t[2:], target, nullable, ns)
         return self.scalar_source(t, target, nullable, ns)
+
+    def skip_source(self, f: FieldSpec, ns: dict) -> list[str]:
+        """Lines that check field ``f`` as ``field_source`` reads it and advance ``pos``, keeping
+        nothing: no str, bytes, UUID or list is made, nested structs go to ``skip_reader``."""
+        t, nullable = f.type, self.nullable(f)
+        if t.startswith("[]"):
+            element = t[2:]
+            lines = [*self.length_source("_c", nullable, "array"),
+                     "if _c > _n - pos: raise DecodeError(f'array count {_c} exceeds the bytes left')"]
+            code = FIXED.get(element)
+            if code is not None:
+                return lines + ["if _c > 0:", f" pos += _c * {struct.calcsize('>' + code)}",
+                                " if pos > _n: raise DecodeError('array runs past the end of the frame')"]
+            key = f"_K{len(ns)}"
+            ns[key] = self.skip_reader(element)
+            return lines + ["for _ in range(_c):", f" _x, pos = {key}(buf, pos)"]
+        if t in FIXED:
+            return [f"pos += {struct.calcsize('>' + FIXED[t])}",
+                    "if pos > _n: raise DecodeError('truncated')"]
+        if t == "bool":
+            return ["if buf[pos] > 1: raise DecodeError(f'boolean byte {buf[pos]}')", "pos += 1"]
+        if t == "uuid":
+            return ["if pos + 16 > _n: raise DecodeError('uuid runs past the end of the frame')", "pos += 16"]
+        if t in ("string", "bytes", "records"):
+            return [*self.length_source("_l", nullable, "string" if t == "string" else "bytes"),
+                    "if _l > 0:", " pos += _l",
+                    " if pos > _n: raise DecodeError(f'length {_l} runs past the end of the frame')"]
+        key = f"_K{len(ns)}"
+        ns[key] = self.skip_reader(t)
+        if not nullable:
+            return [f"_x, pos = {key}(buf, pos)"]
+        return ["_m, = _I8(buf, pos)", "pos += 1",
+                "if _m == 1:", f" _x, pos = {key}(buf, pos)",
+                "elif _m != -1:", " raise DecodeError(f'struct presence byte {_m}')"]
+
+    def skip_reader(self, name: str) -> Reader:
+        """A reader for struct ``name`` that checks it and keeps nothing (here: the full reader)."""
+        return self.struct(name, self.spec.structs[name]).read
 
     def length_source(self, target: str, nullable: bool, what: str) -> list[str]:
         """Read a compact (uvarint N+1) or classic length into ``target``; -1 means null."""

@@ -23,6 +23,7 @@ before any of their bytes are forwarded.
 Events carry the raw frame and decode it only when asked (``.request`` /
 ``.response``), so the proxy can forward first and decode afterwards.
 Decoding failures never raise here: they show up as ``decode_error``.
+``.partial`` decodes only what observers read of Produce and Fetch (``skim``).
 
 Frames of ``stream_frame_bytes`` and up can be streamed instead of kept whole:
 the tracker reads what pairing needs from their header (a request's api key,
@@ -41,6 +42,7 @@ from typing import Callable
 from . import schema
 from .errors import DecodeError
 from .messages import Request, Response, decode_request, decode_response
+from .skim import SKIMMED_REQUESTS, SKIMMED_RESPONSES, skim_request, skim_response
 
 # Kafka's own default for socket.request.max.bytes; a larger frame means a
 # broken or hostile peer, and buffering it would let one connection eat memory.
@@ -155,7 +157,7 @@ class RequestReceived:
     """A complete request frame from the client."""
 
     __slots__ = ("frame", "api_key", "api_version", "correlation_id", "time",
-                 "expects_response", "_streamed_size", "_request", "_error")
+                 "expects_response", "_streamed_size", "_request", "_error", "_partial")
 
     def __init__(self, frame, api_key: int, api_version: int, correlation_id: int,
                  time: float, expects_response: bool, streamed_size: int = 0):
@@ -170,6 +172,7 @@ class RequestReceived:
         self._streamed_size = streamed_size
         self._request: Request | None = None
         self._error: DecodeError | None = None
+        self._partial: Request | None = None
 
     @property
     def size(self) -> int:
@@ -204,8 +207,27 @@ class RequestReceived:
         return self._request
 
     @property
+    def partial(self) -> Request | None:
+        """The request with only the fields observers read of a Produce or Fetch decoded
+        (``skim``; decoded once): ``request`` itself for other APIs, or once that is
+        decoded. None exactly when ``request`` is None."""
+        partial = self._partial
+        if partial is None:
+            if self.api_key in SKIMMED_REQUESTS and self._request is None and self._error is None \
+                    and not self._streamed_size:
+                try:
+                    partial = self._partial = skim_request(self.frame)
+                except DecodeError:
+                    pass                      # decoded whole below, which keeps the error
+            if partial is None:
+                return self.request
+        return partial
+
+    @property
     def decode_error(self) -> DecodeError | None:
-        self.request
+        """Why ``request`` is None (a frame that decodes partially decodes whole, so a
+        partial decode answers this for Produce and Fetch, the one observers use anyway)."""
+        self.partial
         return self._error
 
     def __repr__(self) -> str:
@@ -217,7 +239,7 @@ class RequestReceived:
 class ResponseReceived:
     """A complete response frame from the broker, paired with its request."""
 
-    __slots__ = ("frame", "request_event", "time", "_streamed_size", "_response", "_error")
+    __slots__ = ("frame", "request_event", "time", "_streamed_size", "_response", "_error", "_partial")
 
     def __init__(self, frame, request_event: RequestReceived, time: float, streamed_size: int = 0):
         """``streamed_size`` as for ``RequestReceived``: ``frame`` is then the correlation id."""
@@ -227,6 +249,7 @@ class ResponseReceived:
         self._streamed_size = streamed_size
         self._response: Response | None = None
         self._error: DecodeError | None = None
+        self._partial: Response | None = None
 
     @property
     def size(self) -> int:
@@ -270,8 +293,26 @@ class ResponseReceived:
         return self._response
 
     @property
+    def partial(self) -> Response | None:
+        """As ``RequestReceived.partial``: only what observers and address rewriting read of
+        a Produce or Fetch answer; ``response`` itself otherwise. None exactly when it is None."""
+        partial = self._partial
+        if partial is None:
+            request = self.request_event
+            if request.api_key in SKIMMED_RESPONSES and self._response is None and self._error is None \
+                    and not self._streamed_size:
+                try:
+                    partial = self._partial = skim_response(self.frame, request.api_key, request.api_version)
+                except DecodeError:
+                    pass
+            if partial is None:
+                return self.response
+        return partial
+
+    @property
     def decode_error(self) -> DecodeError | None:
-        self.response
+        """As ``RequestReceived.decode_error``."""
+        self.partial
         return self._error
 
     def __repr__(self) -> str:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from . import schema
-from ._codec import Struct, message_codec, read_uvarint
+from ._codec import Struct, StructCodec, message_codec, read_uvarint
 from .errors import DecodeError
 
 _REQUEST_PREFIX = struct.Struct(">hhi")    # api_key, api_version, correlation_id
@@ -83,14 +83,20 @@ def _tag_block_end(frame, pos: int) -> int:
     return pos
 
 
-def _decode_body(spec: schema.MessageSpec, version: int, frame, pos: int) -> tuple[Struct, bytes]:
+# (message spec, version) -> its compiled body codec: the whole one, or a partial one (``skim``).
+BodyCodec = Callable[[schema.MessageSpec, int], StructCodec]
+
+
+def _decode_body(spec: schema.MessageSpec, version: int, frame, pos: int,
+                 codec: BodyCodec) -> tuple[Struct, bytes]:
     """The body, and any bytes after it (kept: Kafka ignores them, and re-encoding must too)."""
-    body, end = message_codec(spec, version).read(frame, pos)
+    body, end = codec(spec, version).read(frame, pos)
     return body, bytes(frame[end:]) if end < len(frame) else b""
 
 
-def decode_request(frame) -> Request:
-    """Decode a request frame (bytes after the size prefix). Raises only DecodeError."""
+def decode_request(frame, codec: BodyCodec = message_codec) -> Request:
+    """Decode a request frame (bytes after the size prefix). Raises only DecodeError.
+    ``codec`` picks the body reader (``skim`` passes its partial ones)."""
     try:
         api_key, api_version, correlation_id = _REQUEST_PREFIX.unpack_from(frame, 0)
         header_version = schema.request_header_version(api_key, api_version)
@@ -115,7 +121,7 @@ def decode_request(frame) -> Request:
             end = _tag_block_end(frame, pos)
             header_tags = bytes(frame[pos:end])
             pos = end
-        body, trailing = _decode_body(schema.REQUESTS[api_key], api_version, frame, pos)
+        body, trailing = _decode_body(schema.REQUESTS[api_key], api_version, frame, pos, codec)
         return Request(api_key, api_version, correlation_id, client_id, body,
                        header_version, header_tags, trailing)
     except DecodeError as exc:
@@ -129,14 +135,15 @@ def _api_versions_fallback(frame, pos: int) -> bool:
     return len(frame) >= pos + 2 and _I16.unpack_from(frame, pos)[0] == schema.UNSUPPORTED_VERSION
 
 
-def decode_response(frame, api_key: int, api_version: int) -> Response:
-    """Decode a response frame to a request of (api_key, api_version). Raises only DecodeError."""
+def decode_response(frame, api_key: int, api_version: int, codec: BodyCodec = message_codec) -> Response:
+    """Decode a response frame to a request of (api_key, api_version). Raises only DecodeError.
+    ``codec`` as for ``decode_request``."""
     try:
         correlation_id, = _CORRELATION.unpack_from(frame, 0)
         pos = 4
         if api_key == schema.API_VERSIONS_KEY and _api_versions_fallback(frame, pos):
             try:
-                body, trailing = _decode_body(schema.RESPONSES[api_key], 0, frame, pos)
+                body, trailing = _decode_body(schema.RESPONSES[api_key], 0, frame, pos, codec)
                 if not trailing:
                     return Response(correlation_id, body, 0, EMPTY_TAGS, 0)
             except DecodeError:
@@ -150,7 +157,7 @@ def decode_response(frame, api_key: int, api_version: int) -> Response:
             end = _tag_block_end(frame, pos)
             header_tags = bytes(frame[pos:end])
             pos = end
-        body, trailing = _decode_body(schema.RESPONSES[api_key], body_version, frame, pos)
+        body, trailing = _decode_body(schema.RESPONSES[api_key], body_version, frame, pos, codec)
         return Response(correlation_id, body, header_version, header_tags, body_version, trailing)
     except DecodeError as exc:
         raise DecodeError(f"{schema.api_name(api_key)} v{api_version} response: {exc}") from None

@@ -102,6 +102,7 @@ __all__ = [
     "RecordBatch",
     "TimestampType",
     "build_batch",
+    "count_batches",
     "iter_batches",
     "split_batches",
 ]
@@ -277,6 +278,40 @@ class BatchIterator:
 def iter_batches(data: bytes | bytearray | memoryview | None) -> BatchIterator:
     """Walk the batch headers of a records blob without copying the payload."""
     return BatchIterator(data)
+
+
+# batch_length, magic, attributes and record_count of a magic 2 batch header (``_V2_HEADER``):
+# all that ``count_batches`` reads of it.
+_V2_TOTALS = struct.Struct(">8xi4xb4xH34xi")
+
+
+def count_batches(data: bytes | bytearray | memoryview | None, by_codec: dict[str, int]) -> tuple[int, int]:
+    """Bytes and records of the entries of a records blob, each entry counted in ``by_codec``
+    (compression name -> entries): what walking ``iter_batches`` counts (``size_bytes``,
+    ``record_count or 0``, ``compression``) up to where it stops or raises, without a
+    ``RecordBatch`` per entry. The metrics count every Produce and Fetch with it."""
+    view = _byte_view(data)
+    end = len(view)
+    pos = nbytes = records = 0
+    unpack = _V2_TOTALS.unpack_from
+    while end - pos >= _V2_HEADER.size:
+        size, magic, attributes, count = unpack(view, pos)
+        stop = pos + _LOG_OVERHEAD + size
+        if magic != 2 or size < _V2_MIN_SIZE or stop > end:
+            break                        # legacy, malformed or cut short: the walk below decides
+        nbytes += size + _LOG_OVERHEAD
+        records += count
+        by_codec[CODEC_NAMES[attributes & _CODEC_MASK]] += 1
+        pos = stop
+    if pos < end:
+        try:
+            for batch in iter_batches(view[pos:]):
+                nbytes += batch.size_bytes
+                records += batch.record_count or 0
+                by_codec[batch.compression] += 1
+        except DecodeError:
+            pass                         # counted what was readable
+    return nbytes, records
 
 
 def split_batches(

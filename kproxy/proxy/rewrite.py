@@ -79,6 +79,12 @@ ADDRESS_BEARING: dict[int, tuple[int, Callable[[Struct, int], Iterator[NodeAddre
     82: (0, _raft_leader),         # UpdateRaftVoter: current leader
 }
 
+# Answers whose only addresses are KIP-951 node endpoints, which brokers add only after a
+# partition's leader moved: Produce and Fetch, at line rate. Their partial decode
+# (``ResponseReceived.partial``) keeps the endpoints, so it tells whether there is anything
+# to rewrite before the answer is decoded whole.
+ENDPOINTS_ONLY_KEYS = frozenset({0, 1})
+
 
 def carries_addresses(api_key: int, api_version: int) -> bool:
     """Whether a response to this request may hold broker addresses (so must be decoded first)."""

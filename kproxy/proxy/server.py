@@ -57,8 +57,8 @@ from .log_budget import LogBudget
 from .own_requests import OwnRequests
 from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
-from .rewrite import (cap_api_versions, carries_addresses, node_addresses, rewrite_addresses,
-                      withhold_nodes)
+from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
+                      rewrite_addresses, withhold_nodes)
 from .sni import BOOTSTRAP, certificate_covers
 from .tls import certificate_names, client_context, server_context
 
@@ -298,6 +298,12 @@ class Proxy:
     def transform(self, event: ResponseReceived) -> bytes | None:
         """Rewrite addresses (and cap ApiVersions) in a held response; None keeps it as is."""
         api_key, version = event.api_key, event.api_version
+        if api_key in ENDPOINTS_ONLY_KEYS and not self.unbound:
+            # With every listener bound only the endpoints could change (withholding also
+            # touches partitions' leader hints): none, nothing to do, no whole decode.
+            partial = event.partial
+            if partial is not None and not partial.is_opaque and not partial.body.node_endpoints:
+                return None
         response = event.response
         if response is None or response.is_opaque:
             if carries_addresses(api_key, version):

@@ -261,3 +261,38 @@ def test_scrapes_in_another_thread_see_consistent_histograms_while_the_loop_coun
         sys.setswitchinterval(interval)
     assert not problems, problems[:5]
     assert value(m, "kproxy_requests_total", api="Heartbeat") == 3000 - len(range(0, 3000, 7))
+
+
+def test_produce_and_fetch_are_counted_without_decoding_them_whole(monkeypatch):
+    """Only what the metrics read of Produce and Fetch pairs is decoded (``protocol.skim``):
+    the whole decoders are not called for them, and every count is still there."""
+    import kproxy.protocol.connection as connection
+    from kproxy.protocol import Uuid
+
+    def whole(*args):
+        raise AssertionError("a Produce or Fetch frame was decoded whole")
+
+    monkeypatch.setattr(connection, "decode_request", whole)
+    monkeypatch.setattr(connection, "decode_response", whole)
+    m, clock = Metrics(), Clock()
+    conn = Connection(clock=clock)
+    records, topic_id = batch(5, "lz4"), Uuid(bytes(range(16)))
+    for correlation_id, version in enumerate((9, 13)):
+        topic = dict(name="orders") if version < 13 else dict(topic_id=topic_id)
+        exchange(m, conn, clock, 0, version, correlation_id,
+                 dict(acks=-1, timeout_ms=1000, topic_data=[Struct(**topic, partition_data=[
+                     Struct(index=0, records=records)])]),
+                 dict(throttle_time_ms=5, responses=[Struct(**topic, partition_responses=[
+                     Struct(index=0, error_code=6)])]))
+    for correlation_id, version in enumerate((12, 16, 18), start=2):
+        topic = dict(topic="orders") if version < 13 else dict(topic_id=topic_id)
+        exchange(m, conn, clock, 1, version, correlation_id,
+                 dict(session_epoch=-1, topics=[Struct(**topic, partitions=[Struct(partition=0, fetch_offset=90)])]),
+                 dict(responses=[Struct(**topic, partitions=[
+                     Struct(partition_index=0, high_watermark=100 + version, records=records)])]))
+    assert value(m, "kproxy_produced_records_total") == 10
+    assert value(m, "kproxy_fetched_records_total") == 15
+    assert value(m, "kproxy_fetch_batches_total", compression="lz4") == 3
+    assert value(m, "kproxy_response_errors_total", api="Produce", error="NOT_LEADER_OR_FOLLOWER") == 2
+    assert value(m, "kproxy_throttle_time_seconds_sum", api="Produce") == 0.01
+    assert value(m, "kproxy_consumer_lag_records") == 118 - 90     # full fetches: the last one counts

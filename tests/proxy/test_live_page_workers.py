@@ -28,7 +28,7 @@ CONNECTIONS = 24
 
 
 def page_of(browser, proxy):
-    page = open_page(browser, SimpleNamespace(admin_url=proxy.admin), token=TOKEN)
+    page = open_page(browser, SimpleNamespace(admin_url=proxy.admin_url), token=TOKEN)
     assert page.errors == []                # the page names its icon: no /favicon.ico 404
     page.refused = []                       # answers >= 400 the page got, to name them
     page.on("response", lambda r: page.refused.append((r.status, r.url)) if r.status >= 400 else None)
@@ -112,7 +112,7 @@ def test_a_slow_viewer_of_the_merged_stream_slows_no_one(browser, proxy, topic):
     backlog drops), so another page gets every row and the clients every answer."""
     stuck = socket.socket()
     stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    stuck.connect(("127.0.0.1", int(proxy.admin.rsplit(":", 1)[1])))
+    stuck.connect(("127.0.0.1", int(proxy.admin_url.rsplit(":", 1)[1])))
     stuck.sendall(f"GET /live/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
     page = page_of(browser, proxy)
     try:

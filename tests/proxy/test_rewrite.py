@@ -95,3 +95,40 @@ def test_api_versions_capped_to_what_kproxy_decodes():
     assert [(a.api_key, a.min_version, a.max_version) for a in capped] == [(0, 0, produce_max), (3, 0, 12)]
     assert not cap_api_versions(decode_response(encode_response(Response(1, new_body(
         "response", 18, 3, api_keys=[Struct(api_key=3, min_version=0, max_version=12)])), 18, 3), 18, 3))
+
+
+@pytest.mark.parametrize("api_key,version", [(0, 10), (0, 13), (1, 16), (1, 18)])
+def test_produce_and_fetch_answers_are_decoded_whole_only_when_they_name_endpoints(
+        api_key, version, monkeypatch):
+    """Brokers add KIP-951 endpoints only after a leader moved: an answer without any is
+    passed on as is, read partially (``protocol.skim``), not decoded whole; one with them
+    is rewritten as before."""
+    import struct
+    import kproxy.protocol.connection as connection
+    from kproxy.config import build
+    from kproxy.protocol import Request, encode_request
+    from kproxy.protocol.connection import Connection
+    from kproxy.proxy.server import Proxy
+
+    proxy = Proxy(build({"upstream": "127.0.0.1:1", "mode": "sidecar"}))
+    decoded_whole = []
+    whole = connection.decode_response
+    monkeypatch.setattr(connection, "decode_response", lambda *a: decoded_whole.append(a) or whole(*a))
+
+    def answer(correlation_id, **fields):
+        conn = Connection(hold=proxy.hold, transform=proxy.transform)
+        acks = dict(acks=-1) if api_key == 0 else {}          # acks=0 is never answered
+        request = encode_request(Request(api_key, version, correlation_id, "c",
+                                         new_body("request", api_key, version, **acks)))
+        conn.receive_client(struct.pack(">i", len(request)) + request)
+        frame = encode_response(Response(correlation_id, new_body("response", api_key, version, **fields)),
+                                api_key, version)
+        events, out = conn.relay_broker(struct.pack(">i", len(frame)) + frame)
+        return decode_response(frame, api_key, version), b"".join(bytes(chunk) for chunk in out)[4:]
+
+    sent, passed = answer(1)
+    assert passed == encode_response(sent, api_key, version) and decoded_whole == []
+    sent, passed = answer(2, node_endpoints=[Struct(node_id=3, host="upstream-3", port=9093, rack=None)])
+    assert len(decoded_whole) == 1
+    assert node_addresses(api_key, version, decode_response(passed, api_key, version).body) == [
+        (3, *proxy.advertise(3, "upstream-3", 9093))]

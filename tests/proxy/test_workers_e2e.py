@@ -383,7 +383,9 @@ def test_a_worker_that_keeps_dying_stops_everything_with_one_line(tmp_path):
 def test_a_killed_supervisor_leaves_no_probe_process_and_no_worker(tmp_path):
     """SIGKILL to the supervisor: the probe process (its stdin pipe closes), the workers
     (their pipe from the supervisor closes) and every other child end by themselves."""
-    with Workers("127.0.0.1:1", [1], tmp_path, ready=None) as workers:     # no broker needed to start
+    workers = Workers("127.0.0.1:1", [1], tmp_path, ready=None)      # no broker needed to start
+    workers.start()
+    try:
         deadline = time.monotonic() + START_TIMEOUT_S
         body = b""
         while body.count(b": ok (pid") < 2:
@@ -403,4 +405,6 @@ def test_a_killed_supervisor_leaves_no_probe_process_and_no_worker(tmp_path):
         while not all(exited(pid) for pid in children):
             assert time.monotonic() < deadline, [pid for pid in children if not exited(pid)]
             time.sleep(0.1)
+    finally:
+        workers.stop()
 
