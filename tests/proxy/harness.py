@@ -152,7 +152,7 @@ class ProxyThread:
 def silent_port() -> Iterator[tuple[str, int]]:
     """(host, port) of a listener that is never accepted from and never answers: the
     kernel completes each TCP handshake into its backlog, as for a stopped (SIGSTOP) or
-    wedged broker."""
+    wedged broker. Also a port kproxy cannot bind."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1024)             # room for every connection a test makes
@@ -251,6 +251,16 @@ class KproxyProcess:
             except OSError:
                 return False
         wait_for(ready, timeout, f"kproxy's {path} to answer 200")
+
+    def refusal(self, timeout: float = PROCESS_START_TIMEOUT_S) -> str:
+        """The one line (``kproxy: ...``) a kproxy that gives up prints, once it has exited
+        with 1 and no traceback."""
+        assert self.process.wait(timeout) == 1, f"kproxy exited with {self.process.returncode}"
+        output = self.log_text()
+        assert "Traceback" not in output, output
+        lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
+        assert len(lines) == 1, output
+        return lines[0]
 
     def stop(self) -> int:
         """SIGTERM, and its exit code; SIGKILL (and a failure) if it does not exit in time."""

@@ -200,16 +200,7 @@ def test_the_probe_process_ends_when_kproxy_is_killed(tmp_path):
 
 
 def test_a_taken_probe_port_stops_start_with_one_line_naming_it(tmp_path):
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    try:
-        with KproxyRun(tmp_path, "127.0.0.1:1", probe_port=taken.getsockname()[1], ready=None) as kproxy:
-            assert kproxy.process.wait(START_TIMEOUT_S) == 1
-    finally:
-        taken.close()
-    output = kproxy.log_text()
-    assert "Traceback" not in output, output
-    lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
-    assert len(lines) == 1 and "probe_listen 127.0.0.1:" in lines[0] \
-        and "address already in use" in lines[0].lower(), output
+    with silent_port() as (_, taken), \
+            KproxyRun(tmp_path, "127.0.0.1:1", probe_port=taken, ready=None) as kproxy:
+        line = kproxy.refusal(START_TIMEOUT_S)
+    assert "probe_listen 127.0.0.1:" in line and "address already in use" in line.lower(), line
