@@ -152,7 +152,7 @@ class ProxyThread:
 def silent_port() -> Iterator[tuple[str, int]]:
     """(host, port) of a listener that is never accepted from and never answers: the
     kernel completes each TCP handshake into its backlog, as for a stopped (SIGSTOP) or
-    wedged broker."""
+    wedged broker. Also a port kproxy cannot bind."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1024)             # room for every connection a test makes
@@ -175,13 +175,16 @@ class KproxyProcess:
 
     ``listen`` and ``admin_listen`` default to free loopback ports (a test that picks more
     ports passes them too, from one ``free_ports`` call, so all differ). On entry the process
-    starts and, unless ``ready`` is None, is waited for until ``GET <admin><ready>``
-    answers 200; on exit it gets SIGTERM (then SIGKILL past ``PROCESS_STOP_TIMEOUT_S``).
-    A failure inside, or in starting, carries the tail of the process's log.
+    starts and, unless ``ready`` is None, is waited for until ``GET <admin><ready>`` (the
+    probe port's with ``admin_listen="off"``) answers 200; on exit it gets SIGTERM (then
+    SIGKILL past ``PROCESS_STOP_TIMEOUT_S``). A failure inside, or in starting, carries the
+    tail of the process's log. ``entry``: what runs kproxy (``("-c", CODE)`` to patch a
+    constant first).
     """
 
     def __init__(self, directory: Path, *, ready: str | None = "/readyz", env: dict[str, str] | None = None,
-                 preexec_fn: Callable[[], None] | None = None, **settings: Any):
+                 preexec_fn: Callable[[], None] | None = None, entry: tuple[str, ...] = ("-m", "kproxy"),
+                 **settings: Any):
         if "listen" not in settings or "admin_listen" not in settings:
             listen, admin = free_ports(2)
             settings.setdefault("listen", f"127.0.0.1:{listen}")
@@ -190,6 +193,7 @@ class KproxyProcess:
         self.ready = ready
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         self.preexec_fn = preexec_fn
+        self.entry = entry
         name = f"kproxy-{uuid.uuid4().hex[:6]}"
         self.config_path = Path(directory) / f"{name}.toml"
         self.log_path = Path(directory) / f"{name}.log"
@@ -204,8 +208,9 @@ class KproxyProcess:
         return self.settings["listen"]
 
     @property
-    def admin_url(self) -> str:
-        return f"http://{self.settings['admin_listen']}"
+    def admin_url(self) -> str | None:
+        admin = self.settings["admin_listen"]
+        return None if admin == "off" else f"http://{admin}"
 
     @property
     def probe_url(self) -> str | None:
@@ -235,17 +240,27 @@ class KproxyProcess:
         self._write_config()
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "kproxy", "run", "--config", str(self.config_path)],
+                [sys.executable, *self.entry, "run", "--config", str(self.config_path)],
                 env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=self.preexec_fn)
 
     def wait_ready(self, path: str = "/readyz", timeout: float = PROCESS_START_TIMEOUT_S) -> None:
         def ready() -> bool:
             assert self.process.poll() is None, f"kproxy exited with {self.process.returncode}"
             try:
-                return http_status(self.admin_url + path, timeout=5)[0] == 200
+                return http_status((self.admin_url or self.probe_url) + path, timeout=5)[0] == 200
             except OSError:
                 return False
         wait_for(ready, timeout, f"kproxy's {path} to answer 200")
+
+    def refusal(self, timeout: float = PROCESS_START_TIMEOUT_S) -> str:
+        """The one line (``kproxy: ...``) a kproxy that gives up prints, once it has exited
+        with 1 and no traceback."""
+        assert self.process.wait(timeout) == 1, f"kproxy exited with {self.process.returncode}"
+        output = self.log_text()
+        assert "Traceback" not in output, output
+        lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
+        assert len(lines) == 1, output
+        return lines[0]
 
     def stop(self) -> int:
         """SIGTERM, and its exit code; SIGKILL (and a failure) if it does not exit in time."""

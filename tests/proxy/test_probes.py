@@ -15,12 +15,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,8 +24,8 @@ import pytest
 from kproxy import config as config_module
 from kproxy.proxy import admin as admin_module
 from kproxy.proxy.probes import READY_WAIT_S
-from tests.proxy.harness import (ProxyThread, children_of, exited, free_ports, http_status, process_state,
-                                 silent_port, wait_for)
+from tests.proxy.harness import (KproxyProcess, ProxyThread, children_of, exited, free_ports, http_status,
+                                  process_state, silent_port, wait_for)
 
 PROBE_ANY = "127.0.0.1:0"
 ANSWER_TIMEOUT_S = 10.0
@@ -37,7 +33,6 @@ SCRAPES = 200                      # far more than the admin port lets wait for 
 PROBES = 20
 STALL_LIMIT_S = 0.5                # the heartbeat's limit in these tests (default 5 s)
 START_TIMEOUT_S = 30.0
-REPO = Path(__file__).resolve().parents[2]
 # `kproxy run` with the stall limit injected (a constant, read when the heartbeat is made).
 KPROXY_RUN = ("import sys; from kproxy.proxy import probes; probes.LOOP_STALL_LIMIT_S = %r; "
               "from kproxy.cli import main; sys.exit(main(sys.argv[1:]))" % STALL_LIMIT_S)
@@ -154,91 +149,58 @@ def test_readyz_on_the_probe_port_is_503_when_the_broker_does_not_answer():
 
 # ---------------------------------------------------------------- `kproxy run`, a process of its own
 
-class KproxyRun:
-    """``kproxy run`` (stall limit STALL_LIMIT_S) with a probe port, as a subprocess."""
+class KproxyRun(KproxyProcess):
+    """``kproxy run`` (stall limit STALL_LIMIT_S) with a probe port and no admin port."""
 
-    def __init__(self, upstream: str, *extra: str, probe_port: int | None = None):
-        listen, broker_base, free_probe = free_ports(3)
-        self.probe = f"http://127.0.0.1:{probe_port or free_probe}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", KPROXY_RUN, "run", "--upstream", upstream,
-             "--listen", f"127.0.0.1:{listen}", "--broker-port-base", str(broker_base),
-             "--admin-listen", "off", "--probe-listen", self.probe[7:], *extra],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-    def wait_serving(self) -> None:
-        def answers() -> bool:
-            assert self.process.poll() is None, self.process.stdout.read().decode()
-            try:
-                return get(self.probe + "/healthz")[0] == 200
-            except OSError:
-                return False
-        wait_for(answers, START_TIMEOUT_S, "kproxy's probe port")
+    def __init__(self, directory: Path, upstream: str, probe_port: int | None = None,
+                 ready: str | None = "/healthz"):
+        listen, free_probe = free_ports(2)
+        super().__init__(directory, ready=ready, entry=("-c", KPROXY_RUN), upstream=upstream,
+                         listen=f"127.0.0.1:{listen}", broker_port_base=0, admin_listen="off",
+                         probe_listen=f"127.0.0.1:{probe_port or free_probe}")
 
     def probe_pid(self) -> int:
         """The probe process: kproxy's child."""
-        children = children_of(self.process.pid)
+        children = children_of(self.pid)
         assert len(children) == 1, children
         return children[0]
 
-    def __enter__(self) -> "KproxyRun":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-        self.process.wait(30)
-        self.process.stdout.close()
-
-
-def test_probes_are_answered_while_the_kproxy_process_is_stopped():
+def test_probes_are_answered_while_the_kproxy_process_is_stopped(tmp_path):
     """SIGSTOP freezes every thread of kproxy (a thread of its own would freeze too): the
     probe process still answers, /healthz 503 once the stall limit passes, /readyz 503
     when the loop cannot check; both 200/serving again after SIGCONT."""
     unreachable = socket.socket()
     unreachable.bind(("127.0.0.1", 0))
-    with KproxyRun("%s:%d" % unreachable.getsockname()) as kproxy:
-        kproxy.wait_serving()
+    with KproxyRun(tmp_path, "%s:%d" % unreachable.getsockname()) as kproxy:
         kproxy.process.send_signal(signal.SIGSTOP)
         try:
             stalled = []
-            wait_for(lambda: stalled.append(get(kproxy.probe + "/healthz")) or stalled[-1][0] == 503,
+            wait_for(lambda: stalled.append(get(kproxy.probe_url + "/healthz")) or stalled[-1][0] == 503,
                      START_TIMEOUT_S, "/healthz to say the loop is stalled")
-            ready = get(kproxy.probe + "/readyz")
+            ready = get(kproxy.probe_url + "/readyz")
             stopped = process_state(kproxy.process.pid)
         finally:
             kproxy.process.send_signal(signal.SIGCONT)
-        wait_for(lambda: get(kproxy.probe + "/healthz")[0] == 200, START_TIMEOUT_S, "/healthz to recover")
+        wait_for(lambda: get(kproxy.probe_url + "/healthz")[0] == 200, START_TIMEOUT_S, "/healthz to recover")
     unreachable.close()
     assert stopped == "T"                                        # still stopped when both answered
     assert "event loop stalled" in stalled[-1][1] and f"limit {STALL_LIMIT_S:g}s" in stalled[-1][1], stalled[-1]
     assert ready[0] == 503 and "did not check the upstream" in ready[1], ready
 
 
-def test_the_probe_process_ends_when_kproxy_is_killed():
-    with KproxyRun("127.0.0.1:1") as kproxy:
-        kproxy.wait_serving()
+def test_the_probe_process_ends_when_kproxy_is_killed(tmp_path):
+    with KproxyRun(tmp_path, "127.0.0.1:1") as kproxy:
         probe_pid = kproxy.probe_pid()
         kproxy.process.kill()                                     # SIGKILL: no cleanup of its own
         kproxy.process.wait(30)
         wait_for(lambda: exited(probe_pid), START_TIMEOUT_S, "the probe process to exit")
     with pytest.raises(OSError):                                   # and nothing listens any more
-        get(kproxy.probe + "/healthz")
+        get(kproxy.probe_url + "/healthz")
 
 
-def test_a_taken_probe_port_stops_start_with_one_line_naming_it():
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    try:
-        with KproxyRun("127.0.0.1:1", probe_port=taken.getsockname()[1]) as kproxy:
-            assert kproxy.process.wait(START_TIMEOUT_S) == 1
-            output = kproxy.process.stdout.read().decode()
-    finally:
-        taken.close()
-    assert "Traceback" not in output, output
-    lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
-    assert len(lines) == 1 and "probe_listen 127.0.0.1:" in lines[0] \
-        and "address already in use" in lines[0].lower(), output
+def test_a_taken_probe_port_stops_start_with_one_line_naming_it(tmp_path):
+    with silent_port() as (_, taken), \
+            KproxyRun(tmp_path, "127.0.0.1:1", probe_port=taken, ready=None) as kproxy:
+        line = kproxy.refusal(START_TIMEOUT_S)
+    assert "probe_listen 127.0.0.1:" in line and "address already in use" in line.lower(), line
