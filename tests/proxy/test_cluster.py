@@ -96,7 +96,10 @@ def round_trip(config: dict, topic: str, count: int = 20) -> None:
     failures = []
     producer = Producer({**config, "acks": "all"})
     for i in range(count):
-        producer.produce(topic, value=f"m{i}".encode(),
+        # Keyed, so the messages spread over every partition (and so every broker) the same
+        # way each run: keyless ones stick to one partition at a time (librdkafka's sticky
+        # partitioner), which left a sidecar idle in some runs.
+        producer.produce(topic, key=f"k{i}".encode(), value=f"m{i}".encode(),
                          on_delivery=lambda err, msg: err and failures.append(err))
     assert producer.flush(ADMIN_TIMEOUT_S) == 0 and not failures
     consume(config, topic, {f"m{i}".encode() for i in range(count)})
