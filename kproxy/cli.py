@@ -69,8 +69,9 @@ class DemoPrinter:
         self.opened += 1
 
     def connection_closed(self, info, reason: str | None = None, in_flight: int | None = None) -> None:
-        reason = reason or "other"
-        self.closed[DEMO_CLOSED_BY.get(reason, reason.replace("_", " "))] += 1
+        from .observers.metrics import close_reason_label   # as the metrics fold the relay's text
+        label = close_reason_label(reason or "other")
+        self.closed[DEMO_CLOSED_BY.get(label, label.replace("_", " "))] += 1
 
     def summary(self) -> str:
         closed = ", ".join(f"{n} {how}" for how, n in self.closed.most_common())

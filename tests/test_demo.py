@@ -38,6 +38,7 @@ def test_demo_output_has_no_errors_and_every_round_gets_through(require_kafka):
     assert not [line for line in lines if CONNECTION_LOG.search(line)], shown
     summary = re.search(r"^kproxy relayed (\d+) client connections \(closed: (.*)\)$", run.stdout, re.M)
     assert summary and int(summary[1]) >= 3, shown          # the admin client, producer, consumer
+    assert "by the client" in summary[2], summary[0]          # worded, not the relay's raw reason
 
     bootstrap = re.search(r"^kproxy bootstrap\s+127\.0\.0\.1:(\d+)", run.stdout, re.M)
     listening = re.search(r"kproxy gateway listening on 127\.0\.0\.1:(\d+)", run.stderr)
