@@ -143,6 +143,10 @@ async def _demo(args) -> int:
     from .runtime import Runtime
 
     tune_allocator()
+    # SIGTERM stops the demo as Ctrl-C does: the loop cancels this task (asyncio's runner
+    # does that for SIGINT), so clients, kproxy and the broker stop in order, and the
+    # analysis still runs.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     say("starting a local Apache Kafka broker (KRaft) ...")
     cluster = KafkaCluster(1)
     await asyncio.to_thread(cluster.start)
@@ -305,11 +309,13 @@ def main(argv: list[str] | None = None) -> int:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         args.capture_dir = f"{DEMO_CAPTURE_ROOT}/demo-{stamp}"
         # SIGTERM stops the demo as Ctrl-C does (clients, kproxy, then the broker), rather
-        # than killing Python and leaving the broker's JVM running.
+        # than killing Python and leaving the broker's JVM running: while the event loop
+        # runs, _demo cancels itself on it; before and after (the analysis), it interrupts.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             import uvloop
             status = uvloop.run(_demo(args))
+            signal.signal(signal.SIGTERM, signal.default_int_handler)   # the loop reset it
             if args.analyze and status == 0:
                 return _analyze_demo(args.capture_dir, f"/tmp/kproxy-analysis/demo-{stamp}")
             return status

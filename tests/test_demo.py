@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +51,32 @@ def test_demo_output_has_no_errors_and_every_round_gets_through(require_kafka):
     assert len(rounds) >= 2
     assert all(m[2] == m[3] == "20" for m in rounds), [m[0] for m in rounds]
     assert run.stdout.rstrip().endswith("demo stopped; broker stopped")
+
+
+def test_sigterm_stops_the_demo_in_order_as_ctrl_c_does(require_kafka):
+    """SIGTERM (a container stop, `timeout`, a supervisor) is treated as Ctrl-C: clients
+    close first, then kproxy, then the broker, and the demo exits 0 with its summary,
+    rather than being interrupted mid-flight (exit 130, no summary, analysis skipped)."""
+    require_kafka(KAFKA_4_VERSION)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    demo = subprocess.Popen([sys.executable, "-m", "kproxy", "demo"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in demo.stdout:                 # until the first round got through
+            lines.append(line.rstrip("\n"))
+            if ROUND.match(lines[-1]):
+                break
+        demo.send_signal(signal.SIGTERM)
+        lines += demo.stdout.read().splitlines()
+        returncode = demo.wait(DEMO_TIMEOUT_S)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    shown = "\n".join(lines[-30:])
+    assert returncode == 0, shown
+    assert "stopping: clients first, then kproxy, then the broker ..." in lines, shown
+    summary = [line for line in lines if line.startswith("kproxy relayed ")]
+    assert summary and "by the client" in summary[0] and "stopping" not in summary[0], shown
+    assert lines[-1] == "demo stopped; broker stopped", shown
