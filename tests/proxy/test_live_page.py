@@ -231,6 +231,8 @@ def test_no_configured_token_means_no_live_data(browser, tmp_path):
 # Above what one stream tick takes at the rate cap (200/s x 0.25 s): a full backlog means
 # the stream is stuck on a socket nobody reads, not merely between ticks.
 SMALL_BACKLOG = 120
+STUCK_S = 2.0                # no row sent for this long: the stream is stuck
+ROWS_AFTER_STUCK = 3 * SMALL_BACKLOG   # offered once stuck: a flowing stream would send most
 
 
 def test_a_viewer_that_never_reads_costs_bounded_memory_and_slows_nobody(proxy, monkeypatch):
@@ -260,14 +262,14 @@ def test_a_viewer_that_never_reads_costs_bounded_memory_and_slows_nobody(proxy, 
                 sent += 1
                 assert sent < 20_000, "the backlog never filled: the stream is not bounded"
             # The backlog is full, but the stream may still be filling kernel buffers: wait
-            # until it is stuck (no row sent for a second) before counting.
+            # until it is stuck (no row sent for STUCK_S) before counting.
             sent_rows_then, stuck_since = viewer.sent, time.monotonic()
             deadline = time.monotonic() + 30
-            while time.monotonic() - stuck_since < 1.0 and time.monotonic() < deadline:
+            while time.monotonic() - stuck_since < STUCK_S and time.monotonic() < deadline:
                 time.sleep(0.1)
                 if viewer.sent != sent_rows_then:
                     sent_rows_then, stuck_since = viewer.sent, time.monotonic()
-            for _ in range(200):
+            for _ in range(ROWS_AFTER_STUCK):
                 producer.send(topic, value=b"x" * 100).get(timeout=30)
                 sent += 1
         finally:
@@ -277,7 +279,10 @@ def test_a_viewer_that_never_reads_costs_bounded_memory_and_slows_nobody(proxy, 
             time.sleep(0.1)                                # the live thread catches up
         assert len(viewer.backlog) <= SMALL_BACKLOG
         assert viewer.dropped > 0
-        assert viewer.sent == sent_rows_then, "rows kept flowing into a socket nobody reads"
+        # A write already waiting on the socket may still complete once, under load, and
+        # take the backlog with it (seen once in a full run: exactly one backlog more);
+        # beyond that nothing flows, though three times as many rows were offered.
+        assert viewer.sent - sent_rows_then <= SMALL_BACKLOG, "rows kept flowing into a socket nobody reads"
         produced = [r for r in proxy.runtime.live._recent.values()
                     if r[3]["client_id"] == "live-slow" and r[3]["api_name"] == "Produce"]
         assert len(produced) == sent                       # every Produce answered and seen
