@@ -153,6 +153,18 @@ class UnpairedResponse(ProtocolViolation):
     """A response that is not for the oldest request awaiting one (the broker answers in order)."""
 
 
+def _skim_once(event, skim, *args):
+    """``event``'s partial decode by ``skim(*args)``, or None when there is none to make: a
+    streamed frame, a decode that already failed, or one that fails now (the whole decode
+    then runs and keeps the error). Shared by both event kinds' ``partial``."""
+    if event._error is not None or event._streamed_size:
+        return None
+    try:
+        return skim(*args)
+    except DecodeError:
+        return None
+
+
 class RequestReceived:
     """A complete request frame from the client."""
 
@@ -213,12 +225,8 @@ class RequestReceived:
         decoded. None exactly when ``request`` is None."""
         partial = self._partial
         if partial is None:
-            if self.api_key in SKIMMED_REQUESTS and self._request is None and self._error is None \
-                    and not self._streamed_size:
-                try:
-                    partial = self._partial = skim_request(self.frame)
-                except DecodeError:
-                    pass                      # decoded whole below, which keeps the error
+            if self.api_key in SKIMMED_REQUESTS and self._request is None:
+                partial = self._partial = _skim_once(self, skim_request, self.frame)
             if partial is None:
                 return self.request
         return partial
@@ -299,12 +307,9 @@ class ResponseReceived:
         partial = self._partial
         if partial is None:
             request = self.request_event
-            if request.api_key in SKIMMED_RESPONSES and self._response is None and self._error is None \
-                    and not self._streamed_size:
-                try:
-                    partial = self._partial = skim_response(self.frame, request.api_key, request.api_version)
-                except DecodeError:
-                    pass
+            if request.api_key in SKIMMED_RESPONSES and self._response is None:
+                partial = self._partial = _skim_once(self, skim_response, self.frame,
+                                                     request.api_key, request.api_version)
             if partial is None:
                 return self.response
         return partial
