@@ -86,12 +86,13 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-import crc32c
-import lz4.frame
-import snappy
-import zstandard
-
 from kproxy.protocol.errors import DecodeError
+
+# The compression and CRC-32C libraries are imported inside the functions that use them:
+# walking batch headers, all a proxy does until a capture or the live page wants records,
+# needs none of them. That keeps crc32c (which loads importlib.metadata), lz4 and zstandard,
+# ~2 MiB resident, out of a fresh ``kproxy run`` (python-snappy is loaded there anyway, by
+# prometheus_client's exposition).
 
 __all__ = [
     "CODEC_NAMES",
@@ -142,6 +143,12 @@ _CONTROL_BIT = 0x20
 CODEC_NAMES = ("none", "gzip", "snappy", "lz4", "zstd", "unknown", "unknown", "unknown")
 _CODEC_IDS = {name: i for i, name in enumerate(CODEC_NAMES[:5])}
 _ZSTD = 4
+
+
+def _crc32c(data: bytes | bytearray | memoryview) -> int:
+    import crc32c  # on first use: see the note on the codec libraries at the imports
+
+    return crc32c.crc32c(data)
 
 
 class TimestampType(enum.IntEnum):
@@ -222,7 +229,7 @@ class RecordBatch(NamedTuple):
     def verify_crc(self) -> None:
         """Raise DecodeError unless the stored CRC matches the entry bytes."""
         if self.magic == 2:
-            actual = crc32c.crc32c(self.raw[_V2_CRC_START:])
+            actual = _crc32c(self.raw[_V2_CRC_START:])
         else:
             actual = zlib.crc32(self.raw[_LEGACY_CRC_START:])
         if actual != self.crc:
@@ -436,6 +443,7 @@ def _xerial_chunks(data: memoryview) -> Iterator[memoryview]:
 
 
 def _unsnappy(data: memoryview, limit: int, magic: int) -> bytes:
+    import snappy  # on first use: see the note on the codec libraries at the imports
     if len(data) >= _XERIAL_HEADER_SIZE and data[:8] == _XERIAL_MAGIC:
         chunks: Iterable[memoryview] = _xerial_chunks(data)
     else:
@@ -513,6 +521,7 @@ def _lz4_repair_legacy_header(frame: memoryview) -> bytes | None:
 
 
 def _lz4_frames(data: bytes | memoryview, limit: int) -> bytes:
+    import lz4.frame  # on first use: see the note on the codec libraries at the imports
     out: list[bytes] = []
     total = 0
     rest = data
@@ -548,6 +557,7 @@ _ZSTD_MIN_STEP = 64
 
 
 def _unzstd(data: memoryview, limit: int, magic: int) -> bytes:
+    import zstandard  # on first use: see the note on the codec libraries at the imports
     decompressor = zstandard.ZstdDecompressor()
     out: list[bytes] = []
     total = 0
@@ -570,14 +580,22 @@ def _unzstd(data: memoryview, limit: int, magic: int) -> bytes:
 
 
 # codec id -> decompress(payload, limit, magic). Errors the libraries raise for
-# bad input are listed once, below, and become DecodeError at one place.
+# bad input are listed once, in _codec_errors, and become DecodeError at one place.
 _DECOMPRESSORS: dict[int, Callable[[memoryview, int, int], bytes]] = {
     1: _gunzip,
     2: _unsnappy,
     3: _unlz4,
     4: _unzstd,
 }
-_CODEC_ERRORS = (zlib.error, snappy.UncompressError, RuntimeError, zstandard.ZstdError)
+
+
+def _codec_errors() -> tuple[type[Exception], ...]:
+    """What the libraries raise for bad input. A function, evaluated by ``except`` only
+    when something was raised, so that naming the classes imports no library early."""
+    import snappy  # on first error: see the note on the codec libraries at the imports
+    import zstandard
+
+    return (zlib.error, snappy.UncompressError, RuntimeError, zstandard.ZstdError)
 
 
 def _decompress(codec: int, payload: memoryview, limit: int, magic: int, where: str) -> bytes:
@@ -588,7 +606,7 @@ def _decompress(codec: int, payload: memoryview, limit: int, magic: int, where: 
         return decompress(payload, limit, magic)
     except DecodeError as exc:                    # DecompressionLimit stays one
         raise type(exc)(f"{where}: {exc}") from None
-    except _CODEC_ERRORS as exc:
+    except _codec_errors() as exc:
         raise DecodeError(f"{where}: corrupt {CODEC_NAMES[codec]} payload ({exc})") from exc
 
 
@@ -822,6 +840,8 @@ _XERIAL_BLOCK = 32 * 1024  # the xerial library's default, as Kafka's Java clien
 
 
 def _snappy_xerial(data: bytes) -> bytes:
+    import snappy  # on first use: see the note on the codec libraries at the imports
+
     out = [_XERIAL_MAGIC, struct.pack(">ii", 1, 1)]
     for start in range(0, len(data), _XERIAL_BLOCK):
         block = snappy.compress(data[start : start + _XERIAL_BLOCK])
@@ -830,6 +850,8 @@ def _snappy_xerial(data: bytes) -> bytes:
 
 
 def _lz4_kafka(data: bytes, legacy_checksum: bool) -> bytes:
+    import lz4.frame  # on first use: see the note on the codec libraries at the imports
+
     # Kafka's Java writer: 64 KiB independent blocks, no content size or checksum.
     frame = lz4.frame.compress(
         data,
@@ -849,10 +871,14 @@ def _compress(codec: str, data: bytes, *, snappy_xerial: bool, lz4_legacy_checks
     if codec == "gzip":
         return gzip.compress(data, mtime=0)
     if codec == "snappy":
+        import snappy  # on first use: see the note on the codec libraries at the imports
+
         return _snappy_xerial(data) if snappy_xerial else snappy.compress(data)
     if codec == "lz4":
         return _lz4_kafka(data, lz4_legacy_checksum)
     if codec == "zstd":  # like zstd-jni's streaming writer: no content size
+        import zstandard  # on first use: see the note on the codec libraries at the imports
+
         return zstandard.ZstdCompressor(write_content_size=False).compress(data)
     raise ValueError(f"unknown compression {codec!r}")
 
@@ -885,7 +911,7 @@ def _build_v2(
         len(records),
     )
     batch = bytearray(header + payload)
-    struct.pack_into(">I", batch, _V2_CRC_OFFSET, crc32c.crc32c(batch[_V2_CRC_START:]))
+    struct.pack_into(">I", batch, _V2_CRC_OFFSET, _crc32c(batch[_V2_CRC_START:]))
     return bytes(batch)
 
 
