@@ -165,7 +165,31 @@ def _skim_once(event, skim, *args):
         return None
 
 
-class RequestReceived:
+class _FrameEvent:
+    """What request and response events say alike about their frame."""
+
+    __slots__ = ()
+
+    @property
+    def size(self) -> int:
+        """Frame size on the wire, size prefix included."""
+        return self._streamed_size or len(self.frame) + 4
+
+    @property
+    def held_size(self) -> int:
+        """What keeping this event holds of its frame: ``size``, or for a streamed frame
+        its header only (plus the prefix). What queues that hold events are charged."""
+        return len(self.frame) + 4
+
+    @property
+    def streamed(self) -> bool:
+        """Passed on as it arrived and not kept (nothing needed it whole): ``frame`` is
+        its header only (a response's: the correlation id alone), its decoded form is None
+        and ``decode_error`` None too."""
+        return self._streamed_size != 0
+
+
+class RequestReceived(_FrameEvent):
     """A complete request frame from the client."""
 
     __slots__ = ("frame", "api_key", "api_version", "correlation_id", "time",
@@ -185,23 +209,6 @@ class RequestReceived:
         self._request: Request | None = None
         self._error: DecodeError | None = None
         self._partial: Request | None = None
-
-    @property
-    def size(self) -> int:
-        """Frame size on the wire, size prefix included."""
-        return self._streamed_size or len(self.frame) + 4
-
-    @property
-    def held_size(self) -> int:
-        """What keeping this event holds of its frame: ``size``, or for a streamed frame
-        its header only (plus the prefix). What queues that hold events are charged."""
-        return len(self.frame) + 4
-
-    @property
-    def streamed(self) -> bool:
-        """Passed on as it arrived and not kept (nothing needed it whole): ``frame`` is
-        its header only, ``request`` is None and ``decode_error`` None too."""
-        return self._streamed_size != 0
 
     @property
     def api_name(self) -> str:
@@ -244,7 +251,7 @@ class RequestReceived:
                 f"{', streamed' if self.streamed else ''})")
 
 
-class ResponseReceived:
+class ResponseReceived(_FrameEvent):
     """A complete response frame from the broker, paired with its request."""
 
     __slots__ = ("frame", "request_event", "time", "_streamed_size", "_response", "_error", "_partial")
@@ -258,20 +265,6 @@ class ResponseReceived:
         self._response: Response | None = None
         self._error: DecodeError | None = None
         self._partial: Response | None = None
-
-    @property
-    def size(self) -> int:
-        return self._streamed_size or len(self.frame) + 4
-
-    @property
-    def held_size(self) -> int:
-        """As for ``RequestReceived``."""
-        return len(self.frame) + 4
-
-    @property
-    def streamed(self) -> bool:
-        """As for ``RequestReceived``: ``frame`` is then the correlation id alone."""
-        return self._streamed_size != 0
 
     @property
     def correlation_id(self) -> int:
