@@ -165,7 +165,31 @@ def _skim_once(event, skim, *args):
         return None
 
 
-class RequestReceived:
+class _FrameEvent:
+    """What request and response events say alike about their frame."""
+
+    __slots__ = ()
+
+    @property
+    def size(self) -> int:
+        """Frame size on the wire, size prefix included."""
+        return self._streamed_size or len(self.frame) + 4
+
+    @property
+    def held_size(self) -> int:
+        """What keeping this event holds of its frame: ``size``, or for a streamed frame
+        its header only (plus the prefix). What queues that hold events are charged."""
+        return len(self.frame) + 4
+
+    @property
+    def streamed(self) -> bool:
+        """Passed on as it arrived and not kept (nothing needed it whole): ``frame`` is
+        its header only (a response's: the correlation id alone), its decoded form is None
+        and ``decode_error`` None too."""
+        return self._streamed_size != 0
+
+
+class RequestReceived(_FrameEvent):
     """A complete request frame from the client."""
 
     __slots__ = ("frame", "api_key", "api_version", "correlation_id", "time",
@@ -185,23 +209,6 @@ class RequestReceived:
         self._request: Request | None = None
         self._error: DecodeError | None = None
         self._partial: Request | None = None
-
-    @property
-    def size(self) -> int:
-        """Frame size on the wire, size prefix included."""
-        return self._streamed_size or len(self.frame) + 4
-
-    @property
-    def held_size(self) -> int:
-        """What keeping this event holds of its frame: ``size``, or for a streamed frame
-        its header only (plus the prefix). What queues that hold events are charged."""
-        return len(self.frame) + 4
-
-    @property
-    def streamed(self) -> bool:
-        """Passed on as it arrived and not kept (nothing needed it whole): ``frame`` is
-        its header only, ``request`` is None and ``decode_error`` None too."""
-        return self._streamed_size != 0
 
     @property
     def api_name(self) -> str:
@@ -244,7 +251,7 @@ class RequestReceived:
                 f"{', streamed' if self.streamed else ''})")
 
 
-class ResponseReceived:
+class ResponseReceived(_FrameEvent):
     """A complete response frame from the broker, paired with its request."""
 
     __slots__ = ("frame", "request_event", "time", "_streamed_size", "_response", "_error", "_partial")
@@ -258,20 +265,6 @@ class ResponseReceived:
         self._response: Response | None = None
         self._error: DecodeError | None = None
         self._partial: Response | None = None
-
-    @property
-    def size(self) -> int:
-        return self._streamed_size or len(self.frame) + 4
-
-    @property
-    def held_size(self) -> int:
-        """As for ``RequestReceived``."""
-        return len(self.frame) + 4
-
-    @property
-    def streamed(self) -> bool:
-        """As for ``RequestReceived``: ``frame`` is then the correlation id alone."""
-        return self._streamed_size != 0
 
     @property
     def correlation_id(self) -> int:
@@ -385,11 +378,13 @@ class _Framer:
     frame before gathering it cost a second copy of every byte: ~15 % of
     kproxy's CPU relaying 1 MiB Produce requests.
 
-    Better still, when ``assemble(size)`` gives a buffer for it, a large frame
-    that spans reads is assembled there, and ``room()`` offers its free part
-    for the next read to land in: nothing is copied but the start that arrived
-    with the read before. The caller decides (it knows the memory budget, and
-    can hand out a buffer used before, saving its zero fill).
+    Better still, when ``assemble(size, start)`` gives a buffer for it, a large
+    frame that spans reads is assembled there, and ``room()`` offers its free
+    part for the next read to land in: nothing is copied but the start that
+    arrived with the read before, and not even that when the buffer given is
+    the one that read landed in, with the frame placed where its start already
+    is. The caller decides (it knows the memory budget, and can hand out a
+    buffer used before, saving its zero fill).
 
     A large frame can instead be streamed (``stream``): its first bytes are kept,
     the rest only counted, and ``feed`` gives a ``StreamedFrame`` when it ends.
@@ -398,18 +393,19 @@ class _Framer:
     """
 
     __slots__ = ("buffer", "max_frame_size", "direction", "assemble", "gather_from", "_parts",
-                 "_missing", "_gathered", "_framed", "_frame", "_total", "_filled", "_skipped",
+                 "_missing", "_gathered", "_framed", "_frame", "_base", "_total", "_filled", "_skipped",
                  "_streaming", "decided", "head_tried")
 
     def __init__(self, max_frame_size: int, direction: str,
-                 assemble: Callable[[int], bytearray | None] | None = None,
+                 assemble: Callable[[int, memoryview], tuple[bytearray, int] | None] | None = None,
                  gather_from: int = ZERO_COPY_FRAME_BYTES):
         self.buffer = bytearray()            # the start of a small frame cut by a read
         self.max_frame_size = max_frame_size
         self.direction = direction
-        self.assemble = assemble             # frame bytes (size prefix included) -> a buffer, or None
+        self.assemble = assemble             # (frame bytes with size prefix, its start) -> (buffer, offset) or None
         self.gather_from = gather_from       # incomplete frames this big are large (assembled or gathered)
         self._frame: bytearray | None = None   # where the large frame is assembled, size prefix first
+        self._base = 0                       # ... from this offset of it
         self._total = 0                      # its bytes (the buffer may be longer)
         self._filled = 0                     # bytes of it that arrived
         self._parts: list | None = None      # views of a large frame's reads, size prefix first
@@ -457,7 +453,19 @@ class _Framer:
     def room(self) -> memoryview | None:
         """The free part of the frame being assembled (a read may land there), or None."""
         frame = self._frame
-        return None if frame is None else memoryview(frame)[self._filled:self._total]
+        return None if frame is None else memoryview(frame)[self._base + self._filled:self._base + self._total]
+
+    def fills_in_place(self, data) -> bool:
+        """Whether ``data`` was read into ``room()`` without completing the frame; if so it
+        is counted, and there is nothing else to do (no frame ends, no byte moves)."""
+        frame = self._frame
+        if frame is None or data.__class__ is not memoryview or data.obj is not frame:
+            return False
+        filled = self._filled + len(data)
+        if filled >= self._total:
+            return False
+        self._filled = filled
+        return True
 
     @property
     def reserved(self) -> int:
@@ -468,10 +476,12 @@ class _Framer:
         """A large frame (size prefix included in ``start``, its beginning) spans reads:
         assemble it in a buffer of its own if allowed, else gather views of the reads."""
         total = 4 + size
-        frame = self.assemble(total) if self.assemble is not None else None
-        if frame is not None:
-            frame[:len(start)] = start
-            self._frame, self._total, self._filled = frame, total, len(start)
+        given = self.assemble(total, start) if self.assemble is not None else None
+        if given is not None:
+            frame, base = given
+            if memoryview(start).obj is not frame:     # else the start was read where it belongs
+                frame[base:base + len(start)] = start
+            self._frame, self._base, self._total, self._filled = frame, base, total, len(start)
             return
         self._parts = [start]
         self._gathered = len(start)
@@ -483,16 +493,17 @@ class _Framer:
         frame = self._frame
         filled = self._filled
         total = self._total
+        base = self._base
         take = min(len(view), total - filled)
         if view.obj is not frame:                # in place, it already is where it belongs
-            frame[filled:filled + take] = view[:take]
+            frame[base + filled:base + filled + take] = view[:take]
         filled += take
         if filled < total:
             self._filled = filled
             return None
-        frames.append(memoryview(frame)[4:total])
+        frames.append(memoryview(frame)[base + 4:base + total])
         self._frame = None
-        self._filled = self._total = 0
+        self._filled = self._total = self._base = 0
         self.decided = False
         self.head_tried = 0
         return view[take:]
@@ -602,7 +613,7 @@ class _Framer:
         """Those bytes (``start`` to ``end``), size prefix included."""
         if self._frame is not None:
             stop = self._filled if end is None else min(end, self._filled)
-            return bytes(memoryview(self._frame)[start:stop])
+            return bytes(memoryview(self._frame)[self._base + start:self._base + stop])
         if self._parts is None:
             return bytes(self.buffer[start:end])
         if end is not None and end <= len(self._parts[0]):     # no need to join megabytes
@@ -757,7 +768,7 @@ class Connection:
                  transform: Callable[[ResponseReceived], bytes | None] | None = None,
                  stream_frame_bytes: int | None = None,
                  keep_bodies: Callable[[], bool] | None = None,
-                 assemble: Callable[[int], bytearray | None] | None = None):
+                 assemble: Callable[[int, memoryview], tuple[bytearray, int] | None] | None = None):
         """``hold(api_key, api_version)`` says which responses ``relay_broker`` must keep
         until complete and pass to ``transform``, which returns replacement frame bytes
         (without size prefix) or None to send the original. All other bytes pass through
@@ -769,9 +780,11 @@ class Connection:
         their header is kept (what pairing needs), and their events say ``streamed``.
         Held responses, SaslHandshake v0 and raw SASL tokens are always kept whole.
 
-        ``assemble(size)`` gives a writable buffer of at least ``size`` bytes (or None)
-        to assemble a large frame of that size that spans reads in, which reads can then
-        fill in place (see ``room``); without it, never. Frames that may be streamed are
+        ``assemble(size, start)`` gives a writable buffer and an offset with at least
+        ``size`` bytes free from there (or None) to assemble a large frame of that size
+        that spans reads in, which reads can then fill in place (see ``room``); without
+        it, never. ``start`` is what arrived of the frame so far: given the buffer it was
+        read into, with the offset where it lies, it is not copied. Frames that may be streamed are
         never assembled (they are gathered until their header decides)."""
         self._clock = clock
         self._hold = hold
@@ -784,12 +797,13 @@ class Connection:
             whole = assemble
             stream_from = self._stream_from
 
-            def assemble(total: int) -> bytearray | None:
-                return None if total - 4 >= stream_from else whole(total)
+            def assemble(total: int, start) -> tuple[bytearray, int] | None:
+                return None if total - 4 >= stream_from else whole(total, start)
         self._client = _Framer(max_frame_size, "client", assemble, gather_from)
         self._broker = _Framer(max_frame_size, "broker", assemble, gather_from)
         self._broker_passed = 0      # bytes of the broker's incomplete frame already forwarded
         self._broker_waiting = b""   # its first bytes, held back until the correlation id is in
+        self._broker_holding = False  # it is held (forwarded once complete, maybe rewritten)
         self._pending: deque[RequestReceived] = deque()
         self._sasl_mechanism: str | None = None
         self._raw_sasl_rounds: int | None = None     # None: not in raw-token mode
@@ -935,6 +949,8 @@ class Connection:
         before any of its bytes are returned.
         """
         framer = self._broker
+        if self._broker_holding and framer.fills_in_place(data):
+            return [], []                    # more of a held answer, read where it belongs
         passed = self._broker_passed
         frames = framer.feed(data)
         if passed and not frames:            # more of a response already being passed on
@@ -954,6 +970,7 @@ class Connection:
         tail_action = self._broker_tail_action() if tail else _PASS
         self._broker_passed = tail if tail_action is _PASS else 0
         self._broker_waiting = framer.buffered_bytes() if tail_action is _WAIT else b""
+        self._broker_holding = tail_action is _HOLD
         if not any(held):
             if tail_action is _PASS:
                 return events, ([waiting, data] if waiting else [data])

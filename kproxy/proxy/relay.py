@@ -65,6 +65,11 @@ log = logging.getLogger("kproxy.relay")
 READ_CHUNK = 1024 * 1024
 # A read is offered at least this much room; a busy arena with less left is replaced.
 MIN_READ_ROOM = 64 * 1024
+# An arena buffer has this much room past one read's worth, so that a frame of about
+# READ_CHUNK (Kafka's 1 MiB defaults, max.request.size and max.partition.fetch.bytes, plus
+# headers) whose first bytes a read brought fits in the buffer they landed in: it is
+# assembled there, and those bytes (a quarter of such a frame) are not copied.
+ARENA_SLACK = 64 * 1024
 WRITE_HIGH_WATER = 1024 * 1024   # stop reading the other side above this much unsent data
 WRITE_LOW_WATER = WRITE_HIGH_WATER // 4   # ... and start again below this
 # Kafka reads one request per connection at a time and answers in order; clients keep a
@@ -215,7 +220,7 @@ class ReadArena:
         elif buffer is None or len(buffer) - self._offset < MIN_READ_ROOM:
             buffer = self._buffer = self._another(buffer)
             self._offset = 0
-        return memoryview(buffer)[self._offset:]
+        return memoryview(buffer)[self._offset:self._offset + READ_CHUNK]
 
     def _another(self, full: bytearray | None) -> bytearray:
         """A buffer nothing refers to: a spare, or a new one; ``full`` becomes a spare."""
@@ -228,27 +233,42 @@ class ReadArena:
         if free is not None:
             spares[:] = [spare for spare in spares if spare is not free]   # (remove() compares contents)
         if full is not None:
-            if len(spares) >= ARENA_SPARES:
-                spares.pop(0)                    # the oldest: likeliest to be held longest
-            spares.append(full)
-        return free if free is not None else bytearray(READ_CHUNK)
+            self._spare(full)
+        return free if free is not None else bytearray(READ_CHUNK + ARENA_SLACK)
+
+    def _spare(self, buffer: bytearray) -> None:
+        """Keep ``buffer`` for reuse once nothing refers to it any more."""
+        spares = self._spares
+        if len(spares) >= ARENA_SPARES:
+            spares.pop(0)                        # the oldest: likeliest to be held longest
+        spares.append(buffer)
 
     def filled(self, nbytes: int) -> None:
         self._offset += nbytes
 
-    def frame_buffer(self, nbytes: int) -> bytearray:
-        """A buffer of at least ``nbytes`` (at most twice that) to assemble a large frame in:
-        an earlier one nothing refers to any more, or a fresh one (then kept for reuse)."""
+    def frame_buffer(self, nbytes: int, start) -> tuple[bytearray, int]:
+        """Where to assemble a large frame of ``nbytes`` whose first bytes, ``start``, the
+        last read brought: the rest of the buffer that read landed in if the frame fits
+        there (no copy; the buffer is then the frame's, and a spare once let go), else a
+        buffer of at least ``nbytes`` (at most twice that) from offset 0: an earlier one
+        nothing refers to any more, or a fresh one (then kept for reuse)."""
+        buffer = self._buffer
+        if buffer is not None and memoryview(start).obj is buffer:
+            base = self._offset - len(start)     # a read's bytes end where the arena's offset is
+            if base + nbytes <= len(buffer):
+                self._spare(buffer)              # the next read takes another buffer
+                self._buffer = None
+                return buffer, base
         frames = self._frames
         for spare in frames:                     # (not enumerate: its tuple is one more reference)
             if nbytes <= len(spare) <= 2 * nbytes and sys.getrefcount(spare) == _UNSHARED_REFS:
-                return spare
+                return spare, 0
         buffer = bytearray(nbytes)
         if nbytes <= FRAME_SPARE_MAX_BYTES:
             if len(frames) >= FRAME_SPARES:
                 frames.pop(0)
             frames.append(buffer)
-        return buffer
+        return buffer, 0
 
 
 class Endpoint(asyncio.BufferedProtocol):
@@ -801,8 +821,8 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
     relay.budget = budget = loop_buffer_budget()
     arena = client.arena
 
-    def assemble(nbytes: int) -> bytearray | None:
-        return arena.frame_buffer(nbytes) if budget.admits(nbytes) else None
+    def assemble(nbytes: int, start) -> tuple[bytearray, int] | None:
+        return arena.frame_buffer(nbytes, start) if budget.admits(nbytes) else None
 
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
                                transform=policy.transform, stream_frame_bytes=policy.stream_frame_bytes,

@@ -43,7 +43,7 @@ def run(cuts: list[int], mode: str) -> tuple[list, list, bytes]:
     """Feed both streams in reads cut at ``cuts``: ``none`` (no assembly), ``copy`` (assembled,
     bytes handed over as reads), ``in_place`` (assembled, reads landing in ``room``); the
     buffers given are longer than the frames, as reused ones may be."""
-    conn = Connection(assemble=None if mode == "none" else (lambda size: bytearray(size + 7)),
+    conn = Connection(assemble=None if mode == "none" else (lambda size, start: (bytearray(size + 7), 0)),
                       hold=lambda key, version: key == 3)
     events, forwarded = [], b""
     for direction, stream in (("client", client_stream()), ("broker", broker_stream())):
@@ -82,7 +82,7 @@ def test_assembled_frames_are_the_frames_gathered_otherwise(cuts):
 
 
 def test_a_read_in_place_is_not_copied_and_the_frame_is_its_buffer():
-    conn = Connection(assemble=lambda size: bytearray(size))
+    conn = Connection(assemble=lambda size, start: (bytearray(size), 0))
     stream = client_stream()
     first = struct.unpack_from(">i", stream)[0] + 4
     conn.receive_client(stream[:100])                       # the first large frame begins
@@ -97,7 +97,7 @@ def test_a_read_in_place_is_not_copied_and_the_frame_is_its_buffer():
 
 def test_assembly_refused_gathers_the_frame_as_it_comes():
     asked = []
-    conn = Connection(assemble=lambda size: asked.append(size))
+    conn = Connection(assemble=lambda size, start: asked.append(size))
     stream = client_stream()
     conn.receive_client(stream[:100])
     assert asked == [struct.unpack_from(">i", stream)[0] + 4]

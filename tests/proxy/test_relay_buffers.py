@@ -31,16 +31,22 @@ def test_a_kept_read_is_never_overwritten():
     assert len({id(d.obj) for d in kept}) > 1                       # fresh buffers were started
 
 
+def fill_almost(arena: ReadArena, byte: bytes) -> list[memoryview]:
+    """Reads that leave too little room in the arena's buffer for another one."""
+    first = read(arena, byte * READ_CHUNK)
+    return [first, read(arena, byte * (len(first.obj) - READ_CHUNK - MIN_READ_ROOM + 1))]
+
+
 def test_a_full_buffer_let_go_is_taken_again_rather_than_a_fresh_one():
     arena = ReadArena()
-    almost_all = READ_CHUNK - MIN_READ_ROOM + 1        # leaves too little room for another read
-    first = read(arena, b"a" * almost_all)
-    first_buffer = id(first.obj)
-    second = read(arena, b"b" * almost_all)             # first is still held: another buffer
-    assert id(second.obj) != first_buffer
+    first = fill_almost(arena, b"a")
+    first_buffer = id(first[0].obj)
+    assert id(first[1].obj) == first_buffer
+    second = fill_almost(arena, b"b")                   # first is still held: another buffer
+    assert id(second[0].obj) != first_buffer
     del first                                           # ... now nothing refers to the first one
     third = read(arena, b"c" * 1000)                    # second still held, too little room left
-    assert id(third.obj) == first_buffer and bytes(second[:1]) == b"b"
+    assert id(third.obj) == first_buffer and bytes(second[0][:1]) == b"b"
 
 
 def test_every_read_gets_at_least_the_minimum_room():
@@ -128,3 +134,28 @@ def test_large_frames_are_kept_whole_while_capture_runs_or_someone_watches(tmp_p
             raise RuntimeError("bug")
 
     assert bodies_needed([Broken()])()        # a failing hook keeps frames whole: the safe side
+
+
+def test_a_large_frame_is_assembled_in_the_buffer_its_start_was_read_into():
+    arena = ReadArena()
+    read(arena, b"x" * 100)                             # an earlier read, let go
+    start = read(arena, b"s" * 5000)                    # a frame of READ_CHUNK bytes begins
+    buffer, base = arena.frame_buffer(READ_CHUNK, start)
+    assert buffer is start.obj and bytes(buffer[base:base + 5000]) == b"s" * 5000
+    other = read(arena, b"o" * 1000)                    # another connection's read: elsewhere
+    assert other.obj is not buffer
+    frame_buffer = id(buffer)
+    del other, start, buffer                            # the frame was sent and let go
+    kept = fill_almost(arena, b"k")                     # the buffer taken instead is full ...
+    assert id(kept[0].obj) != frame_buffer
+    assert id(read(arena, b"n" * 1000).obj) == frame_buffer   # ... so the frame's is reused
+
+
+def test_a_frame_that_does_not_fit_where_its_start_lies_gets_a_buffer_of_its_own():
+    arena = ReadArena()
+    start = read(arena, b"s" * 5000)
+    buffer, base = arena.frame_buffer(2 * READ_CHUNK, start)
+    assert buffer is not start.obj and base == 0 and len(buffer) >= 2 * READ_CHUNK
+    not_read_here = b"s" * 5000
+    buffer, base = arena.frame_buffer(100_000, not_read_here)
+    assert buffer is not start.obj and base == 0

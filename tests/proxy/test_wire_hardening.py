@@ -19,7 +19,6 @@ import logging
 import os
 import socket
 import struct
-import time
 
 import pytest
 
