@@ -22,6 +22,12 @@ decode-failure log) costs beyond the tracker, per pair and per GB relayed.
 
     python benchmarks/bench_metrics.py --mix [--batch-records 64] [--compare /work/main]
     python benchmarks/bench_metrics.py --mix --instructions [--compare /work/main]
+
+``--exposition`` prints /metrics after fixed traffic on a fake clock; with ``--compare TREE``
+it checks that both trees export byte-identical text (a change meant to make the observers
+cheaper must not change a metric)::
+
+    python benchmarks/bench_metrics.py --exposition --compare /work/main
 """
 
 from __future__ import annotations
@@ -292,6 +298,73 @@ def every_api_requested(metrics) -> None:
         metrics(None, events)
 
 
+def exposition(batch_records: int) -> bytes:
+    """/metrics after fixed traffic on a fake clock (every latency the same run to run): the
+    mix through ``default_path``, the Produce/Fetch/Heartbeat stream, answers with errors, a
+    Fetch of an unknown version, a frame that does not decode, every API once; with every
+    opt-in label on. The process's own families (CPU, memory, GC) are left out: they vary."""
+    from kproxy.config import build
+    from kproxy.proxy.server import Proxy
+    ticks = iter(range(10**9))
+    clock = lambda: next(ticks) * 0.0003  # noqa: E731  (0.3 ms per read: every latency bucket low down)
+    metrics = Metrics(client_id_label=True, topic_label=True, group_label=True)
+    proxy = Proxy(build({"upstream": "127.0.0.1:1", "mode": "sidecar"}), [metrics])
+    observers = [o for o in proxy.observers if callable(o)]
+    errors = [(0, 9, dict(acks=1, topic_data=[Struct(name="t", partition_data=[Struct(index=0, records=None)])]),
+               dict(throttle_time_ms=20, responses=[Struct(name="t", partition_responses=[
+                   Struct(index=0, error_code=6, record_errors=[])])])),
+              (12, 4, dict(group_id="g", generation_id=3, member_id="m"), dict(error_code=27)),
+              (11, 9, dict(group_id="g", member_id="", protocol_type="consumer", protocols=[]),
+               dict(generation_id=4, leader="m", member_id="m", members=[Struct(member_id="m")])),
+              (14, 5, dict(group_id="g", generation_id=4, member_id="m"), dict())]
+    streams = [mix_streams(kind, batch_records)[:2] for kind in MIX_KINDS]
+    client, broker = [], []
+    for i, (api_key, version, request, response) in enumerate(errors):
+        client.append(framed(encode_request(Request(api_key, version, i, "errors",
+                                                    new_body("request", api_key, version, **request)))))
+        broker.append(framed(encode_response(Response(i, new_body("response", api_key, version, **response)),
+                                             api_key, version)))
+    client.append(framed(struct.pack(">hhih", 2, 99, 50, 0) + b"x"))       # ListOffsets v99: opaque
+    broker.append(framed(struct.pack(">i", 50) + b"y"))
+    client.append(framed(struct.pack(">hhih", 31000, 0, 51, 0)))           # no such API: opaque
+    broker.append(framed(struct.pack(">i", 51)))
+    client.append(framed(struct.pack(">hhih", 12, 4, 52, 0) + b"\x00"))   # Heartbeat cut short
+    broker.append(framed(struct.pack(">i", 52) + b"\x00"))
+    streams.append((client, broker))
+    for client, broker in streams:
+        conn = Connection(hold=proxy.hold, transform=proxy.transform, clock=clock)
+        for frames, feed in ((client, conn.receive_client), (broker, conn.relay_broker)):
+            for frame in frames:
+                result = feed(frame)
+                for observer in observers:
+                    observer(None, result[0] if isinstance(result, tuple) else result)
+    every_api_requested(metrics)
+    text = generate_latest(metrics.registry)
+    kept = [line for line in text.splitlines()
+            if not (line.split()[2] if line.startswith(b"#") else line).startswith((b"process_", b"python_"))]
+    return b"\n".join(kept) + b"\n"
+
+
+def compare_expositions(args) -> int:
+    """``--exposition --compare TREE``: whether both trees' /metrics (and what they log) are
+    byte-identical on the same traffic (exit status 1 and the first differing lines if not)."""
+    texts = {}
+    for side, tree in (("before", args.compare), ("after", str(HERE))):
+        command = [sys.executable, __file__, "--tree", tree, "--exposition", "--batch-records", str(args.batch_records)]
+        done = subprocess.run(command, env={**os.environ, "PYTHONPATH": tree}, check=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        texts[side] = done.stdout + b"\n# log:\n" + done.stderr      # the decode-failure log too
+    if texts["before"] == texts["after"]:
+        lines = texts["after"].count(b"\n")
+        print(f"/metrics byte-identical: {len(texts['after'])} bytes, {lines} lines (process families left out)")
+        return 0
+    import difflib
+    sys.stdout.writelines(list(difflib.unified_diff(texts["before"].decode().splitlines(True),
+                                                    texts["after"].decode().splitlines(True),
+                                                    "before", "after"))[:60])
+    return 1
+
+
 def scrape(metrics, repeat: int) -> dict:
     """Series and bytes of one /metrics exposition, and the best time to render it."""
     best = float("inf")
@@ -434,7 +507,14 @@ def main() -> int:
                         help="with --only: metrics and rewriting as kproxy run has them, or none (the tracker alone)")
     parser.add_argument("--instructions", action="store_true",
                         help="instructions per pair of the mix under valgrind (with --compare: both trees)")
+    parser.add_argument("--exposition", action="store_true",
+                        help="/metrics after fixed traffic on a fake clock (with --compare: byte-identical in both trees?)")
     args = parser.parse_args()
+    if args.exposition:
+        if args.compare:
+            return compare_expositions(args)
+        sys.stdout.buffer.write(exposition(args.batch_records))
+        return 0
     if args.only:
         mix_observe(args.only, args.batch_records, args.runs, args.observer == "metrics")
         return 0
