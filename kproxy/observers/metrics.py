@@ -35,13 +35,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from .. import __version__
-from ..protocol import API_KEYS, SCHEMA_SOURCES, api_name, error_name, is_removed, schema
+from ..protocol import API_KEYS, SCHEMA_SOURCES, OpaqueBody, api_name, error_name, is_removed, schema
 from ..protocol.connection import (WRONG_PROTOCOLS, MalformedFrame, RequestReceived,
                                    ResponseReceived, SaslTokenPassed)
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, count_batches
 from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
-from ..protocol.walk import error_codes
+from ..protocol.walk import error_codes, error_walker
 from ..protocol.tls_failures import HANDSHAKE_FAILURES
 
 # Request-to-response time: sub-millisecond local answers up to Fetch/JoinGroup waits.
@@ -195,14 +195,17 @@ class _ApiSeries:
 
 
 class _VersionCount:
-    """Requests of one API version, as a plain number (``_VersionCollector`` publishes it)."""
+    """Requests of one API version, as a plain number (``_VersionCollector`` publishes it), and
+    what every pair of that version looks up, found once: its API's series, its error walker."""
 
-    __slots__ = ("api", "version", "removed", "count")
+    __slots__ = ("api", "version", "removed", "count", "series", "walker")
 
-    def __init__(self, api: str, api_key: int, api_version: int):
-        self.api, self.version = api, str(api_version)
+    def __init__(self, series: _ApiSeries, api_key: int, api_version: int):
+        self.api, self.version = series.name, str(api_version)
         self.removed = is_removed(api_key, api_version)      # Kafka 4.0 rejects it
         self.count = 0
+        self.series = series
+        self.walker = error_walker("response", api_key, api_version)
 
 
 class _BatchTotals:
@@ -389,36 +392,43 @@ class Metrics:
 
     # ------------------------------------------------------------ events
 
+    def _version(self, api_key: int, api_version: int) -> _VersionCount | None:
+        """The count of requests of an API version (made on its first request); None for API
+        keys Kafka does not define (not counted by version, and never cached: any of 65,536)."""
+        version = self._versions.get((api_key, api_version))
+        if version is None and api_key in schema.API_NAMES:
+            version = self._versions[(api_key, api_version)] = _VersionCount(
+                self._series(api_key), api_key, api_version)
+        return version
+
     def __call__(self, info, events: Iterable) -> None:
         for event in events:
-            if isinstance(event, ResponseReceived):
+            cls = event.__class__
+            if cls is ResponseReceived:
                 self._response(event, info)
-            elif isinstance(event, RequestReceived):
+            elif cls is RequestReceived:
                 self._request(event, info)
-            elif isinstance(event, SaslTokenPassed):
+            elif cls is SaslTokenPassed:
                 self.sasl_tokens.labels(event.direction).inc()
-            elif isinstance(event, MalformedFrame):
+            elif cls is MalformedFrame:
                 self._decode_failures["request" if event.direction == "client" else "response"].inc()
 
     def _request(self, event: RequestReceived, info) -> None:
-        series = self._series(event.api_key)
+        api_key = event.api_key
+        version = self._version(api_key, event.api_version)
+        series = version.series if version is not None else self._series(api_key)
         size = event.size
         series.requests += 1
         series.request_bytes += size
         series.request_size.observe(size)
         if self.principal_label is not None and info is not None:
-            children = self._principal_children(info, event.api_key, series.name)
+            children = self._principal_children(info, api_key, series.name)
             children[0].inc()
-            children[1].inc(event.size)
-        if event.api_key in schema.API_NAMES:
-            key = (event.api_key, event.api_version)
-            version = self._versions.get(key)
-            if version is None:
-                version = self._versions[key] = _VersionCount(series.name, event.api_key, event.api_version)
+            children[1].inc(size)
+        if version is not None:
             version.count += 1
             if version.removed:               # from the header alone: no decoding needed
-                self.deprecated_requests.labels(series.name, str(event.api_version),
-                                                self._software_of(info)).inc()
+                self.deprecated_requests.labels(series.name, version.version, self._software_of(info)).inc()
         if event.streamed:                    # no body: nothing more to count
             self._streamed["request"].inc()
             return
@@ -441,49 +451,60 @@ class Metrics:
                         self.topic_produced_bytes.labels(self.topic_label(self._topic_name(topic))).inc(nbytes)
 
     def _response(self, event: ResponseReceived, info) -> None:
-        series = self._series(event.api_key)
-        series.response_size.observe(event.size)
-        series.response_bytes += event.size
+        request = event.request_event
+        api_key, api_version = request.api_key, request.api_version
+        version = self._versions.get((api_key, api_version))   # None: an API Kafka does not define
+        series = version.series if version is not None else self._series(api_key)
+        size = event.size
+        series.response_size.observe(size)
+        series.response_bytes += size
         if self.principal_label is not None and info is not None:
-            self._principal_children(info, event.api_key, series.name)[2].inc(event.size)
+            self._principal_children(info, api_key, series.name)[2].inc(size)
+        latency = event.time - request.time   # event.latency, without a property call per pair
         if event.streamed:
             self._streamed["response"].inc()
-            series.latency.observe(event.latency)
+            series.latency.observe(latency)
             return
         response = event.partial              # Produce, Fetch: only the fields read below decoded
         if response is None:
             self._decode_failures["response"].inc()
-            series.latency.observe(event.latency)
-            return
-        if response.is_opaque:
-            series.latency.observe(event.latency)
+            series.latency.observe(latency)
             return
         body = response.body
+        if body.__class__ is OpaqueBody:      # response.is_opaque, without a property call
+            series.latency.observe(latency)
+            return
         fetched = 0
-        if event.api_key in FETCH_KEYS:
+        if api_key in FETCH_KEYS:
             fetched = self._fetched(body)
-            if event.api_key == FETCH_KEY and self.consumer_lag:
+            if api_key == FETCH_KEY and self.consumer_lag:
                 self._fetch_answered(event, info, body)
-        elif event.api_key == METADATA_KEY:
+        elif api_key == METADATA_KEY:
             self._learn_topic_ids(body)
-        elif event.api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY) \
+        elif api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY) \
                 and self.principal_label is not None and info is not None:
             self._sasl_answered(event, info, body)
         if series.long_poll is not None and fetched == 0:
-            series.long_poll.observe(event.latency)
+            series.long_poll.observe(latency)
         else:
-            series.latency.observe(event.latency)
-        throttle_ms = getattr(body, "throttle_time_ms", None)
+            series.latency.observe(latency)
+        throttle_ms = body.__dict__.get("throttle_time_ms")
         if throttle_ms is not None:
             series.throttle.observe(throttle_ms / 1000.0)
             if throttle_ms > 0:
                 series.throttled += 1
-        codes = error_codes("response", event.api_key, response.body_version or event.api_version, body)
+        body_version = response.body_version or api_version
+        if version is not None and body_version == api_version:
+            codes: list[int] = []
+            if version.walker is not None:    # error_codes with the walker found once per version
+                version.walker(body, codes)
+        else:
+            codes = error_codes("response", api_key, body_version, body)
         for code in codes:
             self._error_child(series.name, code).inc()
-        if event.api_key in GROUP_RESPONSE_KEYS:
+        if api_key in GROUP_RESPONSE_KEYS:
             self._group_response(event, series.name, body, codes)
-        elif event.api_key == API_VERSIONS_KEY:
+        elif api_key == API_VERSIONS_KEY:
             self._software_named(event, info, body)
 
     def _fetched(self, body) -> int:

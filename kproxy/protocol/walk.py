@@ -62,15 +62,22 @@ def _compile(spec: MessageSpec, version: int) -> Walker | None:
     return struct(spec.name, spec.fields)
 
 
-def error_codes(kind: str, api_key: int, version: int, body) -> list[int]:
-    """Every non-zero error code in a decoded body (top level, per partition, per resource)."""
+def error_walker(kind: str, api_key: int, version: int) -> Walker | None:
+    """The walker of a (message, version): ``walker(body, out)`` appends every non-zero error
+    code in ``body`` to ``out``; None when the message cannot hold one (or is unknown).
+    Compiled once; callers that keep it skip ``error_codes``' lookup per body."""
     key = (kind, api_key, version)
     try:
-        walker = _WALKERS[key]
+        return _WALKERS[key]
     except KeyError:
         spec = (REQUESTS if kind == "request" else RESPONSES).get(api_key)
-        walker = _compile(spec, version) if spec is not None and spec.has_version(version) else None
-        _WALKERS[key] = walker
+        walker = _WALKERS[key] = _compile(spec, version) if spec is not None and spec.has_version(version) else None
+        return walker
+
+
+def error_codes(kind: str, api_key: int, version: int, body) -> list[int]:
+    """Every non-zero error code in a decoded body (top level, per partition, per resource)."""
+    walker = error_walker(kind, api_key, version)
     found: list[int] = []
     if walker is not None:
         walker(body, found)

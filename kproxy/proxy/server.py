@@ -645,17 +645,19 @@ class Proxy:
                         f" ({unlogged} earlier failures were not logged)" if unlogged else "")
 
     def _log_decode_failures(self, info, events) -> None:
-        """Decode failures, logged within ``self._decode_log``'s budget."""
+        """Decode failures, logged within ``self._decode_log``'s budget (names are looked up
+        for a failure only: every pair passes here)."""
         for event in events:
-            if isinstance(event, ResponseReceived):
-                direction, name = "response", event.request_event.api_name
-            elif isinstance(event, RequestReceived):
-                direction, name = "request", event.api_name
-            else:
+            cls = event.__class__
+            if cls is not ResponseReceived and cls is not RequestReceived:
                 continue
             error = event.decode_error
             if error is None:
                 continue
+            if cls is ResponseReceived:
+                direction, name = "response", event.request_event.api_name
+            else:
+                direction, name = "request", event.api_name
             unlogged = self._decode_log.admit((direction, event.api_key, event.api_version))
             if unlogged is None:
                 continue
