@@ -509,7 +509,7 @@ class Metrics:
 
     def _fetched(self, body) -> int:
         total = 0
-        for topic in getattr(body, "responses", None) or ():
+        for topic in body.__dict__.get("responses") or ():      # as getattr, without its AttributeError
             for partition in topic.partitions:
                 nbytes = self._count_batches(partition.records, self._fetch_totals)
                 total += nbytes
@@ -732,12 +732,15 @@ class Metrics:
         Incremental fetch sessions (KIP-227) name only partitions whose position changed, and
         answer only partitions with news: the rest keep what the connection last said.
         """
+        # Fields of some versions only are read from the structs' dicts: getattr's default for
+        # a missing attribute costs an AttributeError made and caught, on every Fetch.
         request = event.request_event.partial
-        if request is None or request.is_opaque or getattr(body, "error_code", 0):
+        if request is None or request.is_opaque or body.__dict__.get("error_code", 0):    # v7+
             return
         wanted = request.body
-        replica = getattr(wanted, "replica_state", None)
-        if (replica.replica_id if replica is not None else getattr(wanted, "replica_id", -1)) >= 0:
+        fields = wanted.__dict__
+        replica = fields.get("replica_state")                            # v15+
+        if (replica.replica_id if replica is not None else fields.get("replica_id", -1)) >= 0:
             return                               # a follower broker replicating, not a consumer
         conn_id = info.id if info is not None else 0
         state = self._fetch_positions.get(conn_id)
@@ -746,9 +749,9 @@ class Metrics:
             state = self._fetch_positions[conn_id] = _FetchPositions(client)
         partitions = state.partitions
         by = "topic" if event.api_version < FETCH_BY_TOPIC_ID else "topic_id"
-        if getattr(wanted, "session_epoch", -1) <= 0:      # a full fetch: it lists every partition
+        if fields.get("session_epoch", -1) <= 0:      # a full fetch: it lists every partition
             partitions.clear()
-        for topic in getattr(wanted, "forgotten_topics_data", None) or ():
+        for topic in fields.get("forgotten_topics_data") or ():
             key = getattr(topic, by)
             for index in topic.partitions:
                 partitions.pop((key, index), None)
@@ -764,7 +767,7 @@ class Metrics:
                     if topic_label is not None and label is None:
                         label = topic_label(self._topic_name(topic))
                     partitions[(key, partition.partition)] = [partition.fetch_offset, -1, label]
-        committed = getattr(wanted, "isolation_level", 0) == READ_COMMITTED
+        committed = fields.get("isolation_level", 0) == READ_COMMITTED
         for topic in body.responses:
             key = getattr(topic, by)
             for partition in topic.partitions:

@@ -111,14 +111,14 @@ _PARTIAL: dict[tuple[int, str, int], StructCodec] = {}
 
 
 def partial_codec(spec: schema.MessageSpec, version: int) -> StructCodec:
-    """The partial codec of a message in ``SKIMMED`` (the whole one for any other), cached."""
-    keep = SKIMMED.get((spec.kind, spec.api_key))
-    if keep is None:
-        return message_codec(spec, version)
+    """The partial codec of a message in ``SKIMMED`` (the whole one for any other), cached:
+    one lookup per frame (the decoders reach here only for versions the schema has)."""
     key = (spec.api_key, spec.kind, version)
     codec = _PARTIAL.get(key)
     if codec is None:
-        codec = _PARTIAL[key] = _PartialCompiler(spec, version, keep).struct(spec.name, spec.fields)
+        keep = SKIMMED.get((spec.kind, spec.api_key))
+        codec = _PARTIAL[key] = message_codec(spec, version) if keep is None else \
+            _PartialCompiler(spec, version, keep).struct(spec.name, spec.fields)
     return codec
 
 
