@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable
 
 from . import schema
@@ -23,6 +24,12 @@ _REQUEST_PREFIX = struct.Struct(">hhi")    # api_key, api_version, correlation_i
 _CORRELATION = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 EMPTY_TAGS = b"\x00"                        # a tagged-field block holding no fields
+# Header versions of (API key, version) pairs, remembered (every frame needs one): room for
+# every pair Kafka defines (~1,500 per direction) and some unknown ones; bounded, as a client
+# may send any of 2^32.
+HEADER_VERSIONS_CACHED = 4096
+_request_header_version = lru_cache(HEADER_VERSIONS_CACHED)(schema.request_header_version)
+_response_header_version = lru_cache(HEADER_VERSIONS_CACHED)(schema.response_header_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,15 @@ def _tag_block_end(frame, pos: int) -> int:
     return pos
 
 
+def _header_tags(frame, pos: int) -> tuple[int, bytes]:
+    """Where a header's tagged-field block ends, and the block. Nearly every header has none
+    (one zero byte): that block is told at a glance, every frame."""
+    if frame[pos] == 0:
+        return pos + 1, EMPTY_TAGS
+    end = _tag_block_end(frame, pos)
+    return end, bytes(frame[pos:end])
+
+
 # (message spec, version) -> its compiled body codec: the whole one, or a partial one (``skim``).
 BodyCodec = Callable[[schema.MessageSpec, int], StructCodec]
 
@@ -99,7 +115,7 @@ def decode_request(frame, codec: BodyCodec = message_codec) -> Request:
     ``codec`` picks the body reader (``skim`` passes its partial ones)."""
     try:
         api_key, api_version, correlation_id = _REQUEST_PREFIX.unpack_from(frame, 0)
-        header_version = schema.request_header_version(api_key, api_version)
+        header_version = _request_header_version(api_key, api_version)
         pos = 8
         client_id = None
         header_tags = EMPTY_TAGS
@@ -118,9 +134,7 @@ def decode_request(frame, codec: BodyCodec = message_codec) -> Request:
             return Request(api_key, api_version, correlation_id, client_id,
                            OpaqueBody(bytes(frame[pos:])), None, EMPTY_TAGS)
         if header_version == 2:
-            end = _tag_block_end(frame, pos)
-            header_tags = bytes(frame[pos:end])
-            pos = end
+            pos, header_tags = _header_tags(frame, pos)
         body, trailing = _decode_body(schema.REQUESTS[api_key], api_version, frame, pos, codec)
         return Request(api_key, api_version, correlation_id, client_id, body,
                        header_version, header_tags, trailing)
@@ -148,15 +162,13 @@ def decode_response(frame, api_key: int, api_version: int, codec: BodyCodec = me
                     return Response(correlation_id, body, 0, EMPTY_TAGS, 0)
             except DecodeError:
                 pass   # error 35 at the version asked for after all
-        header_version = schema.response_header_version(api_key, api_version)
+        header_version = _response_header_version(api_key, api_version)
         body_version = api_version
         if header_version is None:
             return Response(correlation_id, OpaqueBody(bytes(frame[pos:])), None)
         header_tags = EMPTY_TAGS
         if header_version == 1:
-            end = _tag_block_end(frame, pos)
-            header_tags = bytes(frame[pos:end])
-            pos = end
+            pos, header_tags = _header_tags(frame, pos)
         body, trailing = _decode_body(schema.RESPONSES[api_key], body_version, frame, pos, codec)
         return Response(correlation_id, body, header_version, header_tags, body_version, trailing)
     except DecodeError as exc:
