@@ -2,7 +2,8 @@
 
 A generic walk over every attribute of every struct costs more than
 decoding; the schema already says which branches can hold an error code,
-so each (message, version) gets a walker that visits only those.
+so each (message, version) gets a walker that visits only those, compiled
+to one straight-line function (every Produce and Fetch answer is walked).
 """
 
 from __future__ import annotations
@@ -21,45 +22,50 @@ def _is_error_field(name: str, ftype: str) -> bool:
 
 
 def _compile(spec: MessageSpec, version: int) -> Walker | None:
-    cache: dict[str, Walker | None] = {}
+    """Straight-line source for one (message, version): a loop per list on the way to an
+    error code, none elsewhere, one call per body. Codes come out as a recursive walk finds
+    them: a struct's own (in field order), then its children's (in field order)."""
+    reaches: dict[str, bool] = {}
 
-    def struct(name: str, rows) -> Walker | None:
-        if name in cache:
-            return cache[name]
-        present = [f for f in rows if _in(f.versions, version)]
-        errors = tuple(f.name for f in present if _is_error_field(f.name, f.type))
-        children = []
-        for f in present:
-            is_list = f.type.startswith("[]")
-            base = f.type[2:] if is_list else f.type
-            if base in spec.structs:
-                sub = struct(base, spec.structs[base])
-                if sub is not None:
-                    children.append((f.name, is_list, sub))
-        if not errors and not children:
-            cache[name] = None
-            return None
-        children = tuple(children)
+    def present(rows) -> list:
+        return [f for f in rows if _in(f.versions, version)]
 
-        def walk(obj, out: list) -> None:
-            fields = obj.__dict__
-            for attr in errors:
-                code = fields.get(attr)
-                if code:
-                    out.append(code)
-            for attr, is_list, sub in children:
-                value = fields.get(attr)
-                if value is None:
-                    continue
-                if is_list:
-                    for item in value:
-                        sub(item, out)
-                else:
-                    sub(value, out)
-        cache[name] = walk
-        return walk
+    def struct_of(f) -> str | None:
+        base = f.type[2:] if f.type.startswith("[]") else f.type
+        return base if base in spec.structs and holds_error(spec.structs[base], base) else None
 
-    return struct(spec.name, spec.fields)
+    def holds_error(rows, name: str) -> bool:
+        if name not in reaches:
+            reaches[name] = any(_is_error_field(f.name, f.type) or struct_of(f) for f in present(rows))
+        return reaches[name]
+
+    if not holds_error(spec.fields, spec.name):
+        return None
+    lines = ["def walk(obj, out):"]
+    depth = 0
+
+    def emit(rows, obj: str, pad: str) -> None:
+        nonlocal depth
+        d, depth = depth, depth + 1
+        lines.append(f"{pad}f{d} = {obj}.__dict__")
+        for f in present(rows):
+            if _is_error_field(f.name, f.type):
+                lines.extend((f"{pad}c = f{d}.get({f.name!r})", f"{pad}if c:", f"{pad} out.append(c)"))
+        for f in present(rows):
+            name = struct_of(f)
+            if name is None:
+                continue
+            lines.extend((f"{pad}v{d} = f{d}.get({f.name!r})", f"{pad}if v{d} is not None:"))
+            if f.type.startswith("[]"):
+                lines.append(f"{pad} for o{d} in v{d}:")
+                emit(spec.structs[name], f"o{d}", pad + "  ")
+            else:
+                emit(spec.structs[name], f"v{d}", pad + " ")
+
+    emit(spec.fields, "obj", " ")
+    ns: dict = {}
+    exec(compile("\n".join(lines), f"<kproxy {spec.name} v{version} error walk>", "exec"), ns)
+    return ns["walk"]
 
 
 def error_walker(kind: str, api_key: int, version: int) -> Walker | None:

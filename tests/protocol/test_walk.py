@@ -1,0 +1,60 @@
+"""The compiled error walks (``walk.error_codes``) against a plain recursive walk of the schema."""
+
+import itertools
+
+from kproxy.protocol import Struct, schema
+from kproxy.protocol._codec import _in
+from kproxy.protocol.walk import _is_error_field, error_codes
+
+
+def present(rows, version):
+    return [f for f in rows if _in(f.versions, version)]
+
+
+def struct_name(spec, f):
+    base = f.type[2:] if f.type.startswith("[]") else f.type
+    return base if base in spec.structs else None
+
+
+def body_with_codes(spec, rows, version, numbers):
+    """A body with every error field set (some to 0), every list of structs two long, and
+    some structs and lists null."""
+    fields = {}
+    for f in present(rows, version):
+        name = struct_name(spec, f)
+        if _is_error_field(f.name, f.type):
+            fields[f.name] = next(numbers) % 5
+        elif name is None:
+            fields[f.name] = 0
+        elif next(numbers) % 7 == 0:
+            fields[f.name] = None
+        elif f.type.startswith("[]"):
+            fields[f.name] = [body_with_codes(spec, spec.structs[name], version, numbers) for _ in range(2)]
+        else:
+            fields[f.name] = body_with_codes(spec, spec.structs[name], version, numbers)
+    return Struct(**fields)
+
+
+def reference_codes(spec, rows, version, obj, out):
+    """A struct's own codes in field order, then its children's, depth first."""
+    for f in present(rows, version):
+        if _is_error_field(f.name, f.type) and getattr(obj, f.name):
+            out.append(getattr(obj, f.name))
+    for f in present(rows, version):
+        name, value = struct_name(spec, f), getattr(obj, f.name, None)
+        if name is not None and value is not None:
+            for item in (value if f.type.startswith("[]") else [value]):
+                reference_codes(spec, spec.structs[name], version, item, out)
+    return out
+
+
+def test_every_message_version_walks_as_the_plain_recursive_walk():
+    numbers, walked = itertools.count(1), 0
+    for kind, table in (("request", schema.REQUESTS), ("response", schema.RESPONSES)):
+        for api_key, spec in table.items():
+            for version in range(spec.versions[0], spec.versions[1] + 1):
+                body = body_with_codes(spec, spec.fields, version, numbers)
+                expected = reference_codes(spec, spec.fields, version, body, [])
+                assert error_codes(kind, api_key, version, body) == expected, (spec.name, version)
+                walked += bool(expected)
+    assert walked > 100
