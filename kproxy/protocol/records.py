@@ -299,17 +299,20 @@ def count_batches(data: bytes | bytearray | memoryview | None, by_codec: dict[st
     ``RecordBatch`` per entry. The metrics count every Produce and Fetch with it."""
     view = _byte_view(data)
     end = len(view)
-    pos = nbytes = records = 0
-    unpack = _V2_TOTALS.unpack_from
-    while end - pos >= _V2_HEADER.size:
+    pos = records = 0
+    # This loop runs for every batch of every Produce and Fetch: constants as locals, and no
+    # byte total of its own (its batches lie end to end from 0: their bytes are where it stops).
+    unpack, last, overhead, min_size, codecs = (_V2_TOTALS.unpack_from, end - _V2_HEADER.size, _LOG_OVERHEAD,
+                                                _V2_MIN_SIZE, CODEC_NAMES)
+    while pos <= last:
         size, magic, attributes, count = unpack(view, pos)
-        stop = pos + _LOG_OVERHEAD + size
-        if magic != 2 or size < _V2_MIN_SIZE or stop > end:
+        stop = pos + overhead + size
+        if magic != 2 or size < min_size or stop > end:
             break                        # legacy, malformed or cut short: the walk below decides
-        nbytes += size + _LOG_OVERHEAD
         records += count
-        by_codec[CODEC_NAMES[attributes & _CODEC_MASK]] += 1
+        by_codec[codecs[attributes & _CODEC_MASK]] += 1
         pos = stop
+    nbytes = pos
     if pos < end:
         try:
             for batch in iter_batches(view[pos:]):
