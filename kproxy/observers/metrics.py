@@ -436,7 +436,7 @@ class Metrics:
         if request is None:
             self._decode_failures["request"].inc()
             return
-        if request.is_opaque:
+        if request.body.__class__ is OpaqueBody:      # request.is_opaque, without a property call
             series.opaque += 1
             return
         if self.client_id_label is not None:

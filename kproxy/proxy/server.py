@@ -649,10 +649,10 @@ class Proxy:
         for a failure only: every pair passes here)."""
         for event in events:
             cls = event.__class__
-            if cls is not ResponseReceived and cls is not RequestReceived:
-                continue
+            if (cls is not ResponseReceived and cls is not RequestReceived) or event.partial is not None:
+                continue                  # partial: decoded already (by the metrics), or decodes
             error = event.decode_error
-            if error is None:
+            if error is None:             # streamed: not decoded
                 continue
             if cls is ResponseReceived:
                 direction, name = "response", event.request_event.api_name
