@@ -72,28 +72,6 @@ class CannedBroker(asyncio.Protocol):
             self.transport.write(memoryview(answer)[8:])
 
 
-class BareRelay(asyncio.BufferedProtocol):
-    """The control: forwards whatever it reads to the other side, nothing else."""
-
-    def __init__(self, peer=None):
-        self.peer = peer
-        self.buffer = memoryview(bytearray(1024 * 1024))
-        self.early: list[bytes] = []              # read before the upstream connected
-
-    def get_buffer(self, sizehint):
-        return self.buffer
-
-    def buffer_updated(self, nbytes):
-        data = bytes(self.buffer[:nbytes])
-        if self.peer is None:
-            self.early.append(data)
-        else:
-            self.peer.transport.write(data)
-
-    def connection_made(self, transport):
-        self.transport = transport
-
-
 async def serve_broker(answers, ready) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: CannedBroker(answers), "127.0.0.1", 0)
@@ -104,6 +82,8 @@ async def serve_broker(answers, ready) -> None:
 async def serve_relays(upstream: int, ready) -> None:
     """A bare relay and kproxy's, both to ``upstream``; reports their two ports."""
     loop = asyncio.get_running_loop()
+
+    from _bare_relay import Side as BareRelay      # the floor relay bench_peers.py runs too
 
     def bare_factory():
         client = BareRelay()

@@ -8,6 +8,13 @@ e.g. main's relay for a before/after), grepplabs/kafka-proxy with its default
 Peers come prebuilt from ``../shared/peers`` (``--peers``) and are skipped,
 with a message, when absent. Clients are confluent-kafka.
 
+The floor under every proxy's ratios comes from two relays that know nothing of
+Kafka: ``bare`` (``_bare_relay.py``, uvloop, forwards each read at once) and
+``splice`` (``_splice_relay.py``, bytes never in user space). The broker's CLIENT
+listener advertises the port they take in turn (started for their rounds only), so
+they need no rewriting; direct and the proxies use its INTERNAL listener, which
+advertises itself. ``--no-floor`` leaves them out.
+
 Every round runs every path once, the order rotating from round to round; each
 figure is divided by direct's figure *of the same round* (paired ratios), and
 the median and min-max of those ratios are reported, so a machine whose speed
@@ -21,7 +28,9 @@ drifts (2 shared cores here) moves both sides of each ratio together.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -223,6 +232,42 @@ def _free_port_run(n: int) -> int:
     raise RuntimeError("no run of free ports")
 
 
+class RelayPath:
+    """A Kafka-blind relay (the floor) on the port the broker advertises, started for the
+    phases of its rounds only (another takes the port in turn). Its CPU is read from
+    ``/proc/<pid>/stat``, which keeps the time of threads that ended: the splice relay's
+    threads last as long as a connection."""
+
+    def __init__(self, label: str, script: str, listen: int, upstream: int):
+        self.label = label
+        self.argv = [sys.executable, str(HERE / script), str(listen), str(upstream)]
+        self.bootstrap = f"127.0.0.1:{listen}"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    @contextlib.contextmanager
+    def serving(self):
+        self.process = start_serving(self.argv, self.bootstrap, self.label)
+        try:
+            yield
+        finally:
+            stop_process(self.process)
+            self.process = None
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class DirectPath:
     label = "direct"
     pid = None
@@ -302,8 +347,10 @@ def run(args) -> dict:
                      "records_100": args.records_100, "latency_sends": args.latency_sends,
                      "skipped": {}, "paths": {}}
     peers = Path(args.peers)
-    with tempfile.TemporaryDirectory() as tmp, KafkaCluster(1) as cluster:
-        upstream = cluster.bootstrap_servers
+    relay_port = free_port()
+    with tempfile.TemporaryDirectory() as tmp, \
+            KafkaCluster(1, advertised={1: f"127.0.0.1:{relay_port}"}) as cluster:
+        upstream = cluster.internal_bootstrap_servers
         paths = [DirectPath(upstream), KproxyPath("kproxy", upstream)]
         for spec in args.kproxy_tree:
             name, _, tree = spec.partition("=")
@@ -319,6 +366,10 @@ def run(args) -> dict:
             paths.append(KroxyliciousPath("kroxylicious", upstream, krox, Path(tmp)))
         else:
             results["skipped"]["kroxylicious"] = f"not found at {krox} (or no java on PATH)"
+        if args.floor:
+            client_port = cluster.nodes[0].port
+            paths += [RelayPath("bare", "_bare_relay.py", relay_port, client_port),
+                      RelayPath("splice", "_splice_relay.py", relay_port, client_port)]
         for name, why in results["skipped"].items():
             print(f"skipping {name}: {why}", file=sys.stderr)
         labels = [p.label for p in paths]
@@ -348,32 +399,8 @@ def run(args) -> dict:
             for r in range(args.rounds):
                 order = paths[r % len(paths):] + paths[:r % len(paths)]
                 for path in order:
-                    rounds = results["paths"][path.label]["rounds"]
-                    print(f"round {r + 1}/{args.rounds}: {path.label}", file=sys.stderr)
-                    cpu = 0.0
-                    moved_mb = 0.0
-                    for phase in PHASES:
-                        op, size_key = phase.split("_")
-                        size, records = sizes[size_key]
-                        topic = topics[(path.label, r, size_key)]
-                        before = cpu_seconds(path.pid) if path.pid else 0.0
-                        if op == "produce":
-                            seconds = produce(path.bootstrap, topic, records, size)
-                        else:
-                            seconds = consume(path.bootstrap, topic, records)
-                        mb = records * size / 1e6
-                        rounds.setdefault(f"{phase}_mb_s", []).append(mb / seconds)
-                        if path.pid:
-                            used = cpu_seconds(path.pid) - before
-                            cpu += used
-                            moved_mb += mb
-                            if used < BYPASS_CPU_S_PER_MB * mb:
-                                rounds.setdefault("suspect_bypass", []).append(phase)
-                    if path.pid:
-                        rounds.setdefault("cpu_s_per_gb", []).append(cpu / moved_mb * 1000)
-                    times = latency(path.bootstrap, topics[(path.label, r, "lat")], args.latency_sends)
-                    rounds.setdefault("latency_p50_ms", []).append(percentile(times, 0.50) * 1000)
-                    rounds.setdefault("latency_p99_ms", []).append(percentile(times, 0.99) * 1000)
+                    with path.serving() if isinstance(path, RelayPath) else contextlib.nullcontext():
+                        run_round(path, r, results["paths"][path.label]["rounds"], sizes, topics, args)
             for path in paths:
                 if path.pid:
                     results["paths"][path.label]["rss_after_bytes"] = rss_bytes(path.pid)
@@ -382,6 +409,36 @@ def run(args) -> dict:
                 path.__exit__()
     summarize(results)
     return results
+
+
+def run_round(path, r: int, rounds: dict, sizes: dict, topics: dict, args) -> None:
+    """One path's round: the throughput phases, then the latency sends."""
+    print(f"round {r + 1}/{args.rounds}: {path.label}", file=sys.stderr)
+    used_cpu = path.cpu_seconds if isinstance(path, RelayPath) else lambda: cpu_seconds(path.pid)
+    cpu = 0.0
+    moved_mb = 0.0
+    for phase in PHASES:
+        op, size_key = phase.split("_")
+        size, records = sizes[size_key]
+        topic = topics[(path.label, r, size_key)]
+        before = used_cpu() if path.pid else 0.0
+        if op == "produce":
+            seconds = produce(path.bootstrap, topic, records, size)
+        else:
+            seconds = consume(path.bootstrap, topic, records)
+        mb = records * size / 1e6
+        rounds.setdefault(f"{phase}_mb_s", []).append(mb / seconds)
+        if path.pid:
+            used = used_cpu() - before
+            cpu += used
+            moved_mb += mb
+            if used < BYPASS_CPU_S_PER_MB * mb and not isinstance(path, RelayPath):
+                rounds.setdefault("suspect_bypass", []).append(phase)
+    if path.pid:
+        rounds.setdefault("cpu_s_per_gb", []).append(cpu / moved_mb * 1000)
+    times = latency(path.bootstrap, topics[(path.label, r, "lat")], args.latency_sends)
+    rounds.setdefault("latency_p50_ms", []).append(percentile(times, 0.50) * 1000)
+    rounds.setdefault("latency_p99_ms", []).append(percentile(times, 0.99) * 1000)
 
 
 def _spread(values: list[float]) -> dict:
@@ -451,6 +508,8 @@ def main() -> int:
     parser.add_argument("--peers", default=str(DEFAULT_PEERS), help="folder of prebuilt peers")
     parser.add_argument("--kproxy-tree", action="append", default=[], metavar="NAME=PATH",
                         help="also run kproxy from another checkout (e.g. main=/work/main)")
+    parser.add_argument("--no-floor", dest="floor", action="store_false",
+                        help="leave out the Kafka-blind relays (bare, splice)")
     parser.add_argument("--json", metavar="FILE", help="write all figures here as JSON")
     args = parser.parse_args()
     defaults = QUICK if args.quick else FULL
