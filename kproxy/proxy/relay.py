@@ -3,8 +3,9 @@
 With ``server.py``, the only code that touches sockets. Each socket is an
 ``Endpoint`` (an ``asyncio.BufferedProtocol``): the event loop reads straight
 into a ``ReadArena`` that all connections of an event loop share (or, for the
-rest of a large frame, into the buffer the tracker assembles it in), and the
-bytes go from there to the tracker and, uncopied, to the other socket's transport.
+rest of a large frame, into the buffer the tracker assembles it in: the arena
+buffer its first bytes landed in, when it fits there), and the bytes go from
+there to the tracker and, uncopied, to the other socket's transport.
 Client bytes are forwarded as soon as they are read; broker bytes go through
 the tracker's ``relay_broker``, which passes everything on at once except
 responses that may carry broker addresses, which it holds until complete and
