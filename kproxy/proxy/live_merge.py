@@ -11,7 +11,9 @@ admin listener; the supervisor's page is made from theirs:
   reads the workers' streams whatever the browser does: a slow browser loses rows
   (counted), never holds up a worker. Every ``FOLLOW_CHECK_S`` the viewer's
   followers are matched with the workers serving then, so a restarted worker
-  (a new process) joins again. The status event adds up the workers' counts,
+  (a new process) joins again. The viewer's stream starts once the workers' streams
+  have answered (``FOLLOW_ANSWER_WAIT_S`` at most), so a page that says "live"
+  misses no row of a worker that answered. The status event adds up the workers' counts,
   over every stream the viewer had, with the merge's own, and names workers
   whose connections are missing.
 - ``/live/overview``: the workers' overviews merged (``merge_overviews``), with a
@@ -55,6 +57,10 @@ EVENT_MAX_BYTES = 8 * 1024 * 1024
 # its live thread's lag): held this long, they go to the page in time order, not in
 # per-worker batches.
 REORDER_S = 0.5
+# A page's stream starts (the page says "live") once every serving worker's stream has
+# answered, so that every row from then on is shown, as with one process; a worker that
+# takes longer is named missing in the status until its stream answers.
+FOLLOW_ANSWER_WAIT_S = 2.0
 # Counts in a worker's status that add up across workers and streams.
 _SUMMED = ("matched", "dropped", "thinned")
 
@@ -66,6 +72,7 @@ class _Follower:
         self.worker = worker
         self.status: dict = {}            # the worker's last status event
         self.task: asyncio.Task | None = None
+        self.answered = asyncio.Event()   # its stream answered (200), or failed
         self.failed = False               # refused, broke off or went silent
 
 
@@ -96,6 +103,14 @@ class MergedViewer(RowBacklog):
                 follower = self.followers[key] = _Follower(worker)
                 follower.task = loop.create_task(self._follow(follower))
 
+    async def answered(self, timeout: float) -> None:
+        """Wait until every worker followed now has answered (or failed), at most ``timeout``."""
+        waits = [asyncio.ensure_future(f.answered.wait()) for f in self.followers.values()]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=timeout)
+            for wait in pending:
+                wait.cancel()
+
     async def keep_following(self) -> None:
         """``follow_serving`` every FOLLOW_CHECK_S until cancelled; then stop following."""
         try:
@@ -120,6 +135,7 @@ class MergedViewer(RowBacklog):
             async with self.admin.stream_session.get(url, headers=self.admin.auth, timeout=timeout) as response:
                 if response.status != 200:          # e.g. 503: that worker has all the viewers it takes
                     return
+                follower.answered.set()
                 pending = bytearray()
                 async for chunk in response.content.iter_any():
                     pending += chunk
@@ -134,6 +150,7 @@ class MergedViewer(RowBacklog):
             pass
         finally:
             follower.failed = True         # a stream only ends when the worker ends it or goes
+            follower.answered.set()
 
     def take(self) -> list[dict]:
         """The rows at least REORDER_S old, oldest first; the newer ones wait for the next tick."""
@@ -167,7 +184,7 @@ class MergedViewer(RowBacklog):
         for follower in self.followers.values():
             for name in _SUMMED:
                 counts[name] += follower.status.get(name, 0)
-        following = {key[0] for key, f in self.followers.items() if not f.failed}
+        following = {key[0] for key, f in self.followers.items() if f.answered.is_set() and not f.failed}
         workers = len(self.admin.workers())
         return {"matched": counts["matched"], "sent": self.sent,
                 "dropped": counts["dropped"] + self.dropped, "thinned": counts["thinned"] + self.thinned,
@@ -213,6 +230,7 @@ class MergedLiveRoutes(PageRoutes):
         viewer.follow_serving()
         following = asyncio.get_running_loop().create_task(viewer.keep_following())
         try:
+            await viewer.answered(FOLLOW_ANSWER_WAIT_S)
             return await send_stream(request, viewer.take, viewer.status, lambda: self.closed)
         finally:
             following.cancel()

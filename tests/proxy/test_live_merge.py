@@ -18,6 +18,7 @@ WORKERS = [WorkerView(0, "serving", 100, 4000), WorkerView(1, "serving", 101, 40
 def follower(viewer: MergedViewer, worker: WorkerView) -> _Follower:
     f = _Follower(worker)
     f.task = SimpleNamespace(cancel=lambda: None, done=lambda: False)
+    f.answered.set()                                    # its stream answered
     viewer.followers[(worker.index, worker.pid)] = f
     return f
 
@@ -52,3 +53,39 @@ def test_status_adds_up_workers_and_a_restarted_workers_streams():
     status = viewer.status()
     assert (status["matched"], status["dropped"], status["thinned"]) == (9, 1, 2)
     assert status["overloaded"] == 3 and status["workers_missing"] == [] and status["workers"] == 2
+
+
+def test_a_worker_whose_stream_has_not_answered_yet_is_missing():
+    viewer = MergedViewer(SimpleNamespace(workers=lambda: WORKERS), ViewerFilter(), "")
+    follower(viewer, WORKERS[0])
+    connecting = _Follower(WORKERS[1])                  # asked, no answer yet
+    connecting.task = SimpleNamespace(cancel=lambda: None, done=lambda: False)
+    viewer.followers[(1, 101)] = connecting
+    assert viewer.status()["workers_missing"] == [1]
+    connecting.answered.set()
+    assert viewer.status()["workers_missing"] == []
+
+
+def test_a_page_stream_starts_once_every_worker_stream_answered_or_the_wait_ends():
+    import asyncio
+
+    async def scenario():
+        viewer = MergedViewer(SimpleNamespace(workers=lambda: WORKERS), ViewerFilter(), "")
+        slow = [_Follower(w) for w in WORKERS]
+        for f in slow:
+            viewer.followers[(f.worker.index, f.worker.pid)] = f
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, slow[0].answered.set)
+        loop.call_later(0.10, slow[1].answered.set)
+        started = loop.time()
+        await viewer.answered(timeout=5)
+        answered_after = loop.time() - started
+        never = MergedViewer(SimpleNamespace(workers=lambda: WORKERS), ViewerFilter(), "")
+        never.followers[(0, 100)] = _Follower(WORKERS[0])
+        started = loop.time()
+        await never.answered(timeout=0.2)
+        return answered_after, loop.time() - started
+
+    answered_after, gave_up_after = asyncio.run(scenario())
+    assert 0.1 <= answered_after < 5                    # waited for the second, not the timeout
+    assert 0.2 <= gave_up_after < 5                     # a worker that never answers: the wait ends

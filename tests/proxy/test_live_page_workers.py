@@ -133,11 +133,14 @@ def test_a_restarted_worker_rejoins_the_page(browser, proxy, topic, tmp_path):
         wait_until(lambda: any(r["pid"] == str(victim["pid"]) for r in produce_rows(page, topic)),
                    "a row of worker 1")
         old_row = next(r for r in produce_rows(page, topic) if r["pid"] == str(victim["pid"]))
-        os.kill(victim["pid"], signal.SIGKILL)
-        # While it is down the page says whose connections are missing.
+        # While it does not answer the page says whose connections are missing. Frozen
+        # (SIGSTOP) rather than dead for this: a dead worker is back within ~1 s, which a
+        # page refreshing its overview every 2 s may never see.
+        os.kill(victim["pid"], signal.SIGSTOP)
         page.locator("[data-testid=notice]", has_text="worker 1").wait_for(timeout=WAIT_MS)
         page.locator("#window-note", has_text="worker 1 not answering").wait_for(timeout=WAIT_MS)
         page.screenshot(path=str(tmp_path / "live-workers-one-down.png"))
+        os.kill(victim["pid"], signal.SIGKILL)
 
         def restarted():
             worker = proxy.workers()[1]
