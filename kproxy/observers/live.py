@@ -248,6 +248,11 @@ class _Window:
                 "since": self.since, "apis": rows}
 
 
+def _held_size(request, response) -> int:
+    """What a pair holds of its frames (a request without an answer: the request's)."""
+    return request.held_size + (response.held_size if response is not None else 0)
+
+
 def _spans(since: float | None, now: float) -> tuple[float, float]:
     """Seconds the overview's rates are over: since traffic was first seen while watched,
     at most the window (and its recent part)."""
@@ -365,7 +370,7 @@ class LiveView:
             return
 
     def _put(self, info, request, response) -> None:
-        size = request.held_size + (response.held_size if response is not None else 0) + _ITEM_OVERHEAD
+        size = _held_size(request, response) + _ITEM_OVERHEAD
         if (self.put_pairs - self.got_pairs >= PENDING_MAX_PAIRS
                 or self.put_bytes - self.got_bytes + size > PENDING_MAX_BYTES):
             self.overloaded += 1
@@ -467,7 +472,7 @@ class LiveView:
                     viewer.offer(compact, now)
 
     def _remember(self, pair_id: int, info, request, response, row) -> None:
-        size = request.held_size + (response.held_size if response is not None else 0)
+        size = _held_size(request, response)
         with self._recent_lock:
             recent = self._recent
             recent[pair_id] = (info, request, response, row)
@@ -476,7 +481,7 @@ class LiveView:
             while recent and (len(recent) > RECENT_MAX_PAIRS or self._recent_bytes > RECENT_MAX_BYTES
                               or next(iter(recent.values()))[3]["time"] < oldest_kept):
                 _, (_, old_req, old_resp, _) = recent.popitem(last=False)
-                self._recent_bytes -= old_req.held_size + (old_resp.held_size if old_resp is not None else 0)
+                self._recent_bytes -= _held_size(old_req, old_resp)
 
     # ------------------------------------------------------------ reads (any thread)
 
