@@ -9,7 +9,8 @@ frames are confluent-kafka 2.16's against Kafka 4.4 (Produce v10 acks=1 and its
     python benchmarks/bench_pair_latency.py --record-frames      # needs Kafka (kproxy.embedded)
     python benchmarks/bench_pair_latency.py --kproxy-tree main=/work/main
 
-Paths, each a persistent connection, timed in turns within every round:
+Paths, each a persistent connection, timed in turns within every round (the order
+rotating from round to round):
 
 - ``direct``: client to the stand-in broker;
 - ``bare``: through a relay of a few lines (uvloop ``BufferedProtocol``, forwards each
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import gzip
 import os
 import pickle
@@ -112,6 +114,10 @@ async def serve_relays(upstream: int, ready) -> None:
         policy = proxy._policy("broker-1", 1)
         server = await kproxy_serve(proxy._handler(policy), host="127.0.0.1", port=0)
         ports.append(server.sockets[0].getsockname()[1])
+    # As ``Runtime.run_until_signalled`` does once started: what exists now lives as long
+    # as the process; a full collection walking it is not what a running kproxy pays.
+    gc.collect()
+    gc.freeze()
     ready(*ports)
     await asyncio.Event().wait()
 
@@ -152,9 +158,10 @@ def pairs(port: int, request: bytes, answer_size: int, count: int) -> list[float
         return times[20:]
 
 
-def start(argv: list[str], tree: Path) -> tuple[subprocess.Popen, list[int]]:
+def start(argv: list[str], tree: Path, cpus: set[int] | None = None) -> tuple[subprocess.Popen, list[int]]:
     process = subprocess.Popen([sys.executable, __file__, "--child", *argv], stdout=subprocess.PIPE,
-                               env={**os.environ, "PYTHONPATH": str(tree)}, text=True)
+                               env={**os.environ, "PYTHONPATH": str(tree)}, text=True,
+                               preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
     return process, [int(p) for p in process.stdout.readline().split()]
 
 
@@ -214,21 +221,29 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--pairs", type=int, default=300, help="per path, case and round")
     parser.add_argument("--cases", default="produce,fetch")
+    parser.add_argument("--pin", action="store_true",
+                        help="client and stand-in broker on the first CPU, relays on the second: "
+                             "steadier figures (every hop then crosses CPUs, so all paths add more)")
     args = parser.parse_args()
     if args.record_frames:
         record_frames()
         return 0
+    client_cpus = relay_cpus = None
+    if args.pin:
+        first, second, *_ = sorted(os.sched_getaffinity(0))
+        client_cpus, relay_cpus = {first}, {second}
+        os.sched_setaffinity(0, client_cpus)
     trees = {"kproxy": HERE}
     for spec in args.kproxy_tree:
         name, _, path = spec.partition("=")
         trees[f"kproxy {name}"] = Path(path)
     frames = pickle.loads(gzip.decompress(FRAMES.read_bytes()))
-    broker, (broker_port,) = start(["broker"], HERE)
+    broker, (broker_port,) = start(["broker"], HERE, client_cpus)
     processes = [broker]
     ports = {"direct": broker_port}
     try:
         for label, tree in trees.items():
-            process, (bare_port, kproxy_port, unobserved_port) = start(["relays", str(broker_port)], tree)
+            process, (bare_port, kproxy_port, unobserved_port) = start(["relays", str(broker_port)], tree, relay_cpus)
             processes.append(process)
             ports.setdefault("bare", bare_port)
             ports[label] = kproxy_port
@@ -238,8 +253,12 @@ def main() -> int:
             request, answer = frames[case]
             request = SIZE.pack(len(request)) + request
             count = args.pairs if case == "produce" else max(20, args.pairs // 5)
-            for _ in range(args.rounds):
-                for label, port in ports.items():
+            labels = list(ports)
+            for round_ in range(args.rounds):
+                # The order rotates each round: no path always runs first, or right after another.
+                turn = round_ % len(labels)
+                for label in labels[turn:] + labels[:turn]:
+                    port = ports[label]
                     times = pairs(port, request, len(answer) + 4, count)
                     results.setdefault(case, {}).setdefault(label, []).append(times)
         for case, by_path in results.items():
