@@ -847,9 +847,11 @@ class Connection:
         there are then passed to ``receive_client`` / ``relay_broker`` as a view of it."""
         return (self._client if direction == "client" else self._broker).room()
 
-    def reserved(self, direction: str) -> int:
-        """Bytes allocated for the frame being assembled from ``direction``, not yet arrived."""
-        return (self._client if direction == "client" else self._broker).reserved
+    def holding(self, direction: str) -> tuple[int, int]:
+        """Bytes held of ``direction``'s incomplete frame, and bytes allocated for it that have
+        not arrived: what the relay's memory budget counts, asked after every read."""
+        framer = self._client if direction == "client" else self._broker
+        return framer.buffered, framer.reserved
 
     # ------------------------------------------------------------ client side
 
@@ -989,11 +991,14 @@ class Connection:
             if replacement is not None:
                 out.append(SIZE.pack(len(replacement)) + replacement)
                 continue
-            # Unchanged frames: small ones joined with their prefix (one write, one TLS
-            # record); large ones (a held Fetch v16+ response is often MBs) go out as
-            # prefix + the frame itself, so record payloads are never copied.
+            # Unchanged frames: the read itself when it was this frame exactly (the usual
+            # small answer); else small ones joined with their prefix (one write, one TLS
+            # record), and large ones (a held Fetch v16+ response is often MBs) as prefix +
+            # the frame itself, so record payloads are never copied.
             already = passed if i == 0 else 0
-            if len(frame) < ZERO_COPY_FRAME_BYTES:
+            if not tail and len(frames) == 1 and len(frame) + 4 == len(data):
+                out.append(data)                 # (all of it, and nothing else, came in this read)
+            elif len(frame) < ZERO_COPY_FRAME_BYTES:
                 out.append((SIZE.pack(len(frame)) + bytes(frame))[already:])
             elif already < 4:
                 out.append(SIZE.pack(len(frame))[already:])

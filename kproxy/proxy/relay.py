@@ -616,14 +616,12 @@ class Relay:
         try:
             if endpoint is self.client:
                 self._from_client(data)
-                held = self.tracker.client_partial
             else:
                 self._from_broker(data)
-                held = self.tracker.buffered - self.tracker.client_partial
             if self.close_reason is None:
+                held, reserved = self.tracker.holding(endpoint.side)
                 if held != endpoint.held:
                     self.budget.update(endpoint, held)
-                reserved = self.tracker.reserved(endpoint.side)
                 if reserved != endpoint.reserved:
                     endpoint.reserved = reserved
                     self.budget.reserve(endpoint, reserved)
@@ -828,7 +826,8 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
                                transform=policy.transform, stream_frame_bytes=policy.stream_frame_bytes,
                                keep_bodies=bodies_needed(policy.observers), assemble=assemble)
-    relay.observers = policy.observers
+    # Those that take events (one with lifecycle hooks only says ``takes_events = False``).
+    relay.observers = [o for o in policy.observers if getattr(o, "takes_events", True)]
     for endpoint in (client, broker):
         endpoint.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
     log.info("conn=%d open client=%s:%d listener=%s upstream=%s:%d",

@@ -671,11 +671,10 @@ class MisconfigurationLog:
     """An observer: closes whose reason names a misconfiguration get a WARNING that says
     what is wrong and how to fix it (the reason is that sentence), within a LogBudget."""
 
+    takes_events = False        # lifecycle hooks only: the relay does not call it per read
+
     def __init__(self, clock=time.monotonic):
         self.budget = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL, clock)
-
-    def __call__(self, info, events) -> None:
-        pass
 
     def connection_closed(self, info, reason: str = "", in_flight: int = 0) -> None:
         cause = next((c for c, phrase in WRONG_PROTOCOLS.items() if reason.startswith(phrase)), None)

@@ -65,7 +65,7 @@ def run(cuts: list[int], mode: str) -> tuple[list, list, bytes]:
                 new, out = conn.relay_broker(data)
                 events += new
                 forwarded += b"".join(bytes(chunk) for chunk in out)
-    assert conn.buffered == 0 and conn.reserved("client") == conn.reserved("broker") == 0
+    assert conn.buffered == 0 and conn.holding("client")[1] == conn.holding("broker")[1] == 0
     frames = [bytes(e.frame) for e in events]
     summary = [(type(e).__name__, e.api_key, e.correlation_id) for e in events]
     return frames, summary, forwarded
@@ -86,13 +86,13 @@ def test_a_read_in_place_is_not_copied_and_the_frame_is_its_buffer():
     stream = client_stream()
     first = struct.unpack_from(">i", stream)[0] + 4
     conn.receive_client(stream[:100])                       # the first large frame begins
-    assert conn.room("client") is not None and conn.reserved("client") == first - 100
+    assert conn.room("client") is not None and conn.holding("client")[1] == first - 100
     room = conn.room("client")
     room[:first - 100] = stream[100:first]
     [event] = conn.receive_client(room[:first - 100])
     assert event.frame.obj is room.obj                      # the frame is the buffer read into
     assert bytes(event.frame) == stream[4:first]
-    assert conn.room("client") is None and conn.reserved("client") == 0
+    assert conn.room("client") is None and conn.holding("client")[1] == 0
 
 
 def test_assembly_refused_gathers_the_frame_as_it_comes():
@@ -101,4 +101,4 @@ def test_assembly_refused_gathers_the_frame_as_it_comes():
     stream = client_stream()
     conn.receive_client(stream[:100])
     assert asked == [struct.unpack_from(">i", stream)[0] + 4]
-    assert conn.room("client") is None and conn.reserved("client") == 0 and conn.buffered == 100
+    assert conn.room("client") is None and conn.holding("client")[1] == 0 and conn.buffered == 100
