@@ -962,18 +962,35 @@ class Connection:
         waiting = self._broker_waiting
         events: list[Event] = []
         held: list[bool] = []
-        for i, frame in enumerate(frames):
-            event = self._broker_frame(frame, now)
+        hold = self._hold
+        any_held = False
+        for frame in frames:
+            if frame.__class__ is StreamedFrame:
+                event = self._response(frame.head, now, frame.length + 4)
+            elif self._raw_sasl_rounds is not None:
+                event = self._sasl_token(frame, now)
+            else:
+                event = self._response(frame, now)
+            # A frame whose first bytes already went out (the first, if any passed) cannot
+            # be held back any more.
+            is_held = (hold is not None and event.__class__ is ResponseReceived
+                       and hold(event.request_event.api_key, event.request_event.api_version)
+                       and not (passed and not events))
             events.append(event)
-            # A frame whose first bytes already went out cannot be held back any more.
-            held.append(isinstance(event, ResponseReceived) and self._held(event.request_event)
-                        and not (i == 0 and passed))
+            held.append(is_held)
+            any_held = any_held or is_held
         tail = framer.progress
-        tail_action = self._broker_tail_action() if tail else _PASS
-        self._broker_passed = tail if tail_action is _PASS else 0
-        self._broker_waiting = framer.buffered_bytes() if tail_action is _WAIT else b""
-        self._broker_holding = tail_action is _HOLD
-        if not any(held):
+        if tail:
+            tail_action = self._broker_tail_action()
+            self._broker_passed = tail if tail_action is _PASS else 0
+            self._broker_waiting = framer.buffered_bytes() if tail_action is _WAIT else b""
+            self._broker_holding = tail_action is _HOLD
+        else:
+            tail_action = _PASS
+            self._broker_passed = 0
+            self._broker_waiting = b""
+            self._broker_holding = False
+        if not any_held:
             if tail_action is _PASS:
                 return events, ([waiting, data] if waiting else [data])
             if not frames:                   # the incomplete frame is all there is, kept back
@@ -983,20 +1000,21 @@ class Connection:
             out.append(memoryview(data)[:len(data) - tail])
             return events, out
         out: list = []
-        for i, (frame, event, is_held) in enumerate(zip(frames, events, held)):
+        transform = self._transform
+        already = passed                     # bytes of the first frame already forwarded
+        for frame, event, is_held in zip(frames, events, held):
             if frame.__class__ is StreamedFrame:     # only ever first: the rest of it is here
                 out.append(memoryview(data)[:frame.length + 4 - passed])
+                already = 0
                 continue
-            replacement = self._transform(event) if is_held and self._transform else None
+            replacement = transform(event) if is_held and transform is not None else None
             if replacement is not None:
                 out.append(SIZE.pack(len(replacement)) + replacement)
-                continue
             # Unchanged frames: the read itself when it was this frame exactly (the usual
             # small answer); else small ones joined with their prefix (one write, one TLS
             # record), and large ones (a held Fetch v16+ response is often MBs) as prefix +
             # the frame itself, so record payloads are never copied.
-            already = passed if i == 0 else 0
-            if not tail and len(frames) == 1 and len(frame) + 4 == len(data):
+            elif not tail and len(frames) == 1 and len(frame) + 4 == len(data):
                 out.append(data)                 # (all of it, and nothing else, came in this read)
             elif len(frame) < ZERO_COPY_FRAME_BYTES:
                 out.append((SIZE.pack(len(frame)) + bytes(frame))[already:])
@@ -1005,6 +1023,7 @@ class Connection:
                 out.append(frame)
             else:
                 out.append(memoryview(frame)[already - 4:])
+            already = 0
         if tail and tail_action is _PASS:            # it started in this chunk
             out.append(memoryview(data)[len(data) - tail:])
         return events, out
@@ -1044,16 +1063,13 @@ class Connection:
         raise UnpairedResponse(f"broker response with correlation id {correlation_id}, "
                                f"but {expected}")
 
-    def _broker_frame(self, frame, now: float) -> Event:
-        if frame.__class__ is StreamedFrame:
-            return self._response(frame.head, now, frame.length + 4)
-        if self._raw_sasl_rounds is not None:
-            self._raw_sasl_broker_tokens += 1
-            rounds = self._raw_sasl_rounds
-            if rounds and self._raw_sasl_broker_tokens >= rounds:
-                self._raw_sasl_rounds = None
-            return SaslTokenPassed("broker", len(frame) + 4, now)
-        return self._response(frame, now)
+    def _sasl_token(self, frame, now: float) -> SaslTokenPassed:
+        """A raw SASL token from the broker (ending raw mode once the mechanism's rounds are done)."""
+        self._raw_sasl_broker_tokens += 1
+        rounds = self._raw_sasl_rounds
+        if rounds and self._raw_sasl_broker_tokens >= rounds:
+            self._raw_sasl_rounds = None
+        return SaslTokenPassed("broker", len(frame) + 4, now)
 
     def _response(self, frame, now: float, streamed_size: int = 0) -> Event:
         if len(frame) < 4:

@@ -39,6 +39,7 @@ answers, for ``/readyz``) lives in ``own_requests``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -77,6 +78,9 @@ LISTEN_BACKLOG = 1024             # accept queue per listener; clients burst on 
 IDLE_CHECK_INTERVAL_S = 5.0       # how often idle connections are looked for
 SHUTDOWN_POLL_S = 0.05            # how often shutdown checks for in-flight requests
 CLOSE_GRACE_S = 2.0               # closed sockets' handlers finish in milliseconds; this is slack
+# (API, version) pairs whose hold decision is remembered: a client may send any of 2^32,
+# so the table is bounded; the pairs in use are a few dozen.
+HOLD_ANSWERS_CACHED = 4096
 # Decode failures are logged once per (direction, api, version) kind per interval, and at
 # most this many kinds per interval: a client sending random api keys can neither flood the
 # log nor, by using up a budget, silence it for good. What is not logged is counted in the
@@ -139,6 +143,8 @@ class Proxy:
     def __init__(self, config: Config, observers: Iterable[Observer] = ()):
         self.config = config
         self.observers: list[Observer] = [*observers, self._log_decode_failures, MisconfigurationLog()]
+        # Asked for every answer. Clients use a few (API, version) pairs, but may send any.
+        self.hold = functools.lru_cache(HOLD_ANSWERS_CACHED)(self._holds)
         self.relays: set[Relay] = set()
         self.upstream_of: dict[int, HostPort] = {}         # node id -> real broker address
         self.listeners: dict[str, asyncio.Server] = {}     # "bootstrap" / "broker-<id>"
@@ -291,7 +297,8 @@ class Proxy:
 
     # ------------------------------------------------------------ rewriting
 
-    def hold(self, api_key: int, api_version: int) -> bool:
+    def _holds(self, api_key: int, api_version: int) -> bool:
+        """Whether answers to this (API, version) are held for ``transform`` (``hold``, cached)."""
         return carries_addresses(api_key, api_version) or (
             api_key == API_VERSIONS_KEY and self.config.cap_api_versions)
 
