@@ -951,7 +951,7 @@ class Connection:
         before any of its bytes are returned.
         """
         framer = self._broker
-        if self._broker_holding and framer.fills_in_place(data):
+        if self.fills_held_answer(data):
             return [], []                    # more of a held answer, read where it belongs
         passed = self._broker_passed
         frames = framer.feed(data)
@@ -1027,6 +1027,11 @@ class Connection:
         if tail and tail_action is _PASS:            # it started in this chunk
             out.append(memoryview(data)[len(data) - tail:])
         return events, out
+
+    def fills_held_answer(self, data) -> bool:
+        """Whether ``data`` (from the broker) was read into ``room("broker")`` of a held answer
+        without completing it: then it is counted, and ``relay_broker`` would return nothing."""
+        return self._broker_holding and self._broker.fills_in_place(data)
 
     def _held(self, request: RequestReceived) -> bool:
         return self._hold is not None and self._hold(request.api_key, request.api_version)

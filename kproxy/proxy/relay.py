@@ -616,6 +616,13 @@ class Relay:
         try:
             if endpoint is self.client:
                 self._from_client(data)
+            elif self.tracker.fills_held_answer(data):
+                # More of a held answer, read where it belongs: nothing to forward or observe
+                # yet. The budget counted its bytes when it began (the rest as reserved), and
+                # hears of it again when it completes: pausing this read would free nothing.
+                self.bytes_from_broker += len(data)
+                self.last_active = time.monotonic()
+                return
             else:
                 self._from_broker(data)
             if self.close_reason is None:

@@ -159,3 +159,108 @@ def test_a_frame_that_does_not_fit_where_its_start_lies_gets_a_buffer_of_its_own
     not_read_here = b"s" * 5000
     buffer, base = arena.frame_buffer(100_000, not_read_here)
     assert buffer is not start.obj and base == 0
+
+
+# ---------------------------------------------------------------- a held answer read in place
+
+class _Transport:
+    """What an Endpoint needs of a transport; keeps what is written to it."""
+
+    def __init__(self):
+        self.written = bytearray()
+        self.writes = 0
+
+    def write(self, data):
+        self.written += data
+        self.writes += 1
+
+    def writelines(self, chunks):            # one call, as a vectored send
+        for chunk in chunks:
+            self.written += chunk
+        self.writes += 1
+
+    def get_extra_info(self, name, default=None):
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def set_write_buffer_limits(self, **kwargs):
+        pass
+
+    def pause_reading(self):
+        pass
+
+    def resume_reading(self):
+        pass
+
+    def is_closing(self):
+        return False
+
+    def close(self):
+        pass
+
+
+def _read_into(endpoint, data: bytes) -> None:
+    """What the event loop does for one read on ``endpoint``: room, fill, report."""
+    room = endpoint.get_buffer(-1)
+    room[:len(data)] = data
+    del room
+    endpoint.buffer_updated(len(data))
+
+
+def test_a_held_answer_read_in_place_goes_out_whole_once_and_the_budget_counts_it(monkeypatch):
+    """A Fetch v16 answer (held: its tail may name node endpoints) of 600 KiB arrives in four
+    reads: the three after the first land where it is assembled. Nothing reaches the client
+    until the last, then the answer exactly, in one write; meanwhile the budget counts the
+    whole frame (what arrived as held, the rest as reserved), and nothing once it is sent."""
+    import asyncio
+    import struct
+
+    from kproxy import config as config_module
+    from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
+    from kproxy.proxy import relay as relay_module
+    from kproxy.proxy.server import Proxy
+
+    async def scenario():
+        config = config_module.build({"upstream": "127.0.0.1:9", "listen": "127.0.0.1:0",
+                                      "admin_listen": "127.0.0.1:0", "broker_port_base": 0})
+        proxy = Proxy(config)
+        proxy.upstream_of[1] = ("127.0.0.1", 9)
+        policy = proxy._policy("broker-1", 1)
+        arena = relay_module.loop_read_arena()
+        client = relay_module.Endpoint(arena, "client")
+        client.connection_made(_Transport())
+        broker = relay_module.Endpoint(arena, "broker")
+        broker.connection_made(_Transport())
+
+        async def connect(policy, arena):
+            return ("127.0.0.1", 9), broker
+        monkeypatch.setattr(relay_module, "_connect", connect)
+        relay = relay_module.Relay()
+        task = asyncio.get_running_loop().create_task(relay_module.run_relay(relay, policy, client))
+        await asyncio.sleep(0)
+
+        request = encode_request(Request(1, 16, 7, "t", new_body("request", 1, 16, max_bytes=1 << 20)))
+        _read_into(client, struct.pack(">i", len(request)) + request)
+        assert broker.transport.written[4:] == request
+
+        records = b"r" * (600 * 1024)
+        partition = Struct(partition_index=0, high_watermark=10, records=records)
+        answer = encode_response(Response(7, new_body("response", 1, 16, responses=[
+            Struct(partitions=[partition])])), 1, 16)
+        frame = struct.pack(">i", len(answer)) + answer
+        budget = relay.budget
+        cuts = [100 * 1024, 300 * 1024, 500 * 1024, len(frame)]
+        start = 0
+        for end in cuts:
+            _read_into(broker, frame[start:end])
+            start = end
+            if end < len(frame):
+                assert client.transport.writes == 0                 # held until complete
+                assert budget.held + budget.reserved == len(frame)  # all of it accounted for
+        assert bytes(client.transport.written) == frame and client.transport.writes == 1
+        assert budget.held == budget.reserved == 0
+        assert relay.bytes_from_broker == len(frame) == relay.bytes_to_client
+        relay.close("done")
+        await asyncio.sleep(0)
+        task.cancel()
+
+    asyncio.run(scenario())
