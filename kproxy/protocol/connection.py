@@ -1028,6 +1028,12 @@ class Connection:
             out.append(memoryview(data)[len(data) - tail:])
         return events, out
 
+    def fills_request(self, data) -> bool:
+        """Whether ``data`` (from the client) was read into ``room("client")`` without completing
+        the request assembled there: then it is counted, and ``receive_client`` would return
+        no event (the relay still forwards it)."""
+        return self._client.fills_in_place(data)
+
     def fills_held_answer(self, data) -> bool:
         """Whether ``data`` (from the broker) was read into ``room("broker")`` of a held answer
         without completing it: then it is counted, and ``relay_broker`` would return nothing."""

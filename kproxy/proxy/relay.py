@@ -615,6 +615,14 @@ class Relay:
             return
         try:
             if endpoint is self.client:
+                if self.tracker.fills_request(data):
+                    # More of a large request, read where it is assembled: forwarded at
+                    # once, nothing to observe yet; the budget as for a held answer below.
+                    self.broker.transport.write(data)
+                    self.bytes_from_client += len(data)
+                    self.last_active = time.monotonic()
+                    endpoint.read_limit = READ_CHUNK
+                    return
                 self._from_client(data)
             elif self.tracker.fills_held_answer(data):
                 # More of a held answer, read where it belongs: nothing to forward or observe

@@ -206,23 +206,19 @@ def _read_into(endpoint, data: bytes) -> None:
     endpoint.buffer_updated(len(data))
 
 
-def test_a_held_answer_read_in_place_goes_out_whole_once_and_the_budget_counts_it(monkeypatch):
-    """A Fetch v16 answer (held: its tail may name node endpoints) of 600 KiB arrives in four
-    reads: the three after the first land where it is assembled. Nothing reaches the client
-    until the last, then the answer exactly, in one write; meanwhile the budget counts the
-    whole frame (what arrived as held, the rest as reserved), and nothing once it is sent."""
+def _relayed(monkeypatch, scenario, observers=()) -> None:
+    """Run ``scenario(relay, client, broker)`` (a coroutine function) on a relay of kproxy's
+    proxy (address rewriting, its own observers and ``observers``) between fake transports."""
     import asyncio
-    import struct
 
     from kproxy import config as config_module
-    from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
     from kproxy.proxy import relay as relay_module
     from kproxy.proxy.server import Proxy
 
-    async def scenario():
+    async def run():
         config = config_module.build({"upstream": "127.0.0.1:9", "listen": "127.0.0.1:0",
                                       "admin_listen": "127.0.0.1:0", "broker_port_base": 0})
-        proxy = Proxy(config)
+        proxy = Proxy(config, observers)
         proxy.upstream_of[1] = ("127.0.0.1", 9)
         policy = proxy._policy("broker-1", 1)
         arena = relay_module.loop_read_arena()
@@ -237,30 +233,87 @@ def test_a_held_answer_read_in_place_goes_out_whole_once_and_the_budget_counts_i
         relay = relay_module.Relay()
         task = asyncio.get_running_loop().create_task(relay_module.run_relay(relay, policy, client))
         await asyncio.sleep(0)
+        try:
+            await scenario(relay, client, broker)
+        finally:
+            relay.close("done")
+            await asyncio.sleep(0)
+            task.cancel()
 
+    asyncio.run(run())
+
+
+def _in_reads(endpoint, frame: bytes, cuts: list[int], between) -> None:
+    """``frame`` read by ``endpoint`` in pieces ending at ``cuts``; ``between()`` after each
+    but the last."""
+    start = 0
+    for end in [*cuts, len(frame)]:
+        _read_into(endpoint, frame[start:end])
+        start = end
+        if end < len(frame):
+            between()
+
+
+def test_a_held_answer_read_in_place_goes_out_whole_once_and_the_budget_counts_it(monkeypatch):
+    """A Fetch v16 answer (held: its tail may name node endpoints) of 600 KiB arrives in four
+    reads: the three after the first land where it is assembled. Nothing reaches the client
+    until the last, then the answer exactly, in one write; meanwhile the budget counts the
+    whole frame (what arrived as held, the rest as reserved), and nothing once it is sent."""
+    import struct
+
+    from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
+
+    async def scenario(relay, client, broker):
         request = encode_request(Request(1, 16, 7, "t", new_body("request", 1, 16, max_bytes=1 << 20)))
         _read_into(client, struct.pack(">i", len(request)) + request)
         assert broker.transport.written[4:] == request
-
-        records = b"r" * (600 * 1024)
-        partition = Struct(partition_index=0, high_watermark=10, records=records)
+        partition = Struct(partition_index=0, high_watermark=10, records=b"r" * (600 * 1024))
         answer = encode_response(Response(7, new_body("response", 1, 16, responses=[
             Struct(partitions=[partition])])), 1, 16)
         frame = struct.pack(">i", len(answer)) + answer
         budget = relay.budget
-        cuts = [100 * 1024, 300 * 1024, 500 * 1024, len(frame)]
-        start = 0
-        for end in cuts:
-            _read_into(broker, frame[start:end])
-            start = end
-            if end < len(frame):
-                assert client.transport.writes == 0                 # held until complete
-                assert budget.held + budget.reserved == len(frame)  # all of it accounted for
+
+        def between():
+            assert client.transport.writes == 0                 # held until complete
+            assert budget.held + budget.reserved == len(frame)  # all of it accounted for
+        _in_reads(broker, frame, [100 * 1024, 300 * 1024, 500 * 1024], between)
         assert bytes(client.transport.written) == frame and client.transport.writes == 1
         assert budget.held == budget.reserved == 0
         assert relay.bytes_from_broker == len(frame) == relay.bytes_to_client
-        relay.close("done")
-        await asyncio.sleep(0)
-        task.cancel()
 
-    asyncio.run(scenario())
+    _relayed(monkeypatch, scenario)
+
+
+def test_a_large_request_read_in_place_is_forwarded_read_by_read_and_observed_once(monkeypatch):
+    """A 600 KiB Produce request arrives in four reads, the last three landing where it is
+    assembled: each goes to the broker at once, the observers hear of the request once
+    (whole, when complete), and the budget counts the whole frame until then."""
+    import struct
+
+    from kproxy.protocol import Request, Struct, encode_request, new_body
+    from kproxy.protocol.connection import RequestReceived
+
+    seen = []
+
+    def observer(info, events):
+        seen.extend(e for e in events if isinstance(e, RequestReceived))
+
+    async def scenario(relay, client, broker):
+        topic = Struct(name="t", partition_data=[Struct(index=0, records=b"p" * (600 * 1024))])
+        request = encode_request(Request(0, 9, 3, "t", new_body("request", 0, 9, acks=1, topic_data=[topic])))
+        frame = struct.pack(">i", len(request)) + request
+        budget = relay.budget
+        writes = []
+
+        def between():
+            writes.append(len(broker.transport.written))
+            assert not seen
+            assert budget.held + budget.reserved == len(frame)
+        _in_reads(client, frame, [100 * 1024, 300 * 1024, 500 * 1024], between)
+        assert writes == [100 * 1024, 300 * 1024, 500 * 1024]          # forwarded as read
+        assert bytes(broker.transport.written) == frame
+        assert [bytes(e.frame) for e in seen] == [request]
+        assert budget.held == budget.reserved == 0
+        assert relay.bytes_from_client == len(frame) and relay.tracker.in_flight == 1
+
+    _relayed(monkeypatch, scenario, [observer])
