@@ -4,7 +4,8 @@ An observer fed decoded events (after the bytes are forwarded). Naming
 follows Prometheus conventions: ``kproxy_`` prefix, base units (seconds,
 bytes), ``_total`` counters, sent and received as separate metrics. Label
 cardinality is bounded by construction: ``api`` is one of Kafka's ~95 API
-names (unknown keys fold into ``unknown``), ``error`` one of Kafka's error
+names (unknown keys fold into ``unknown``), ``version`` one of the versions the
+schema defines for that API (any other fold into ``unknown``), ``error`` one of Kafka's error
 names, ``listener`` one per broker, ``reason`` a fixed set; the opt-in
 ``client_id`` and ``topic`` labels keep the first N values seen and fold the
 rest into ``other``. So do the client software name/version (always on: the
@@ -61,6 +62,9 @@ MAX_CACHED_API_KEYS = 1024
 DEFAULT_LABEL_CAP = 100   # distinct client_id / topic values before folding into "other"
 # Rebalances: a few hundred milliseconds for a small group up to max.poll.interval.ms (5 min).
 REBALANCE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# Version label of requests at versions the schema does not define for their API: a client may
+# send any of 65,536, and a series (and cached count) each would grow /metrics without bound.
+UNDEFINED_VERSION_LABEL = "unknown"
 # Client software names/versions are whatever the client sends (Kafka sets no length limit):
 # label values are cut to this many characters.
 SOFTWARE_LABEL_MAX_CHARS = 64
@@ -196,15 +200,20 @@ class _ApiSeries:
 
 class _VersionCount:
     """Requests of one API version, as a plain number (``_VersionCollector`` publishes it), and
-    what every pair of that version looks up, found once: its API's series, its error walker."""
+    what every pair of that version looks up, found once: its API's series, its error walker.
+    ``api_version`` None: every version the schema does not define for the API, together."""
 
     __slots__ = ("api", "version", "removed", "count", "series", "walker")
 
-    def __init__(self, series: _ApiSeries, api_key: int, api_version: int):
-        self.api, self.version = series.name, str(api_version)
-        self.removed = is_removed(api_key, api_version)      # Kafka 4.0 rejects it
+    def __init__(self, series: _ApiSeries, api_key: int, api_version: int | None):
+        self.api = series.name
         self.count = 0
         self.series = series
+        if api_version is None:   # Kafka 4.0 removed defined versions only; no body decodes
+            self.version, self.removed, self.walker = UNDEFINED_VERSION_LABEL, False, None
+            return
+        self.version = str(api_version)
+        self.removed = is_removed(api_key, api_version)      # Kafka 4.0 rejects it
         self.walker = error_walker("response", api_key, api_version)
 
 
@@ -244,8 +253,9 @@ class Metrics:
                       ["version", "python", "kafka_schema"], registry=r)
         build.labels(__version__, platform.python_version(), "+".join(SCHEMA_SOURCES)).set(1)
 
-        # (api key, version) -> its request count, published at scrape time (every request adds one)
-        self._versions: dict[tuple[int, int], _VersionCount] = {}
+        # (api key, version) -> its request count, published at scrape time (every request adds
+        # one); (api key, None) -> the count of the versions the schema does not define for it.
+        self._versions: dict[tuple[int, int | None], _VersionCount] = {}
         r.register(_VersionCollector(self._versions))
         # The per-API metrics of every pair: plain numbers, published at scrape time.
         self._apis: dict[int, _ApiSeries] = {}        # api key -> its series (unknown keys share one)
@@ -394,11 +404,16 @@ class Metrics:
 
     def _version(self, api_key: int, api_version: int) -> _VersionCount | None:
         """The count of requests of an API version (made on its first request); None for API
-        keys Kafka does not define (not counted by version, and never cached: any of 65,536)."""
+        keys Kafka does not define (not counted by version, and never cached: any of 65,536).
+        Versions the schema does not define share one count per API, cached under None."""
         version = self._versions.get((api_key, api_version))
         if version is None and api_key in schema.API_NAMES:
-            version = self._versions[(api_key, api_version)] = _VersionCount(
-                self._series(api_key), api_key, api_version)
+            if not schema.REQUESTS[api_key].has_version(api_version):
+                api_version = None            # looked up anew each time: any of 65,536
+                version = self._versions.get((api_key, None))
+            if version is None:
+                version = self._versions[(api_key, api_version)] = _VersionCount(
+                    self._series(api_key), api_key, api_version)
         return version
 
     def __call__(self, info, events: Iterable) -> None:
@@ -453,7 +468,10 @@ class Metrics:
     def _response(self, event: ResponseReceived, info) -> None:
         request = event.request_event
         api_key, api_version = request.api_key, request.api_version
-        version = self._versions.get((api_key, api_version))   # None: an API Kafka does not define
+        # Found by its request, or (a version the schema does not define) its API's shared count,
+        # whose walker is None: no walker is looked up, nor cached, per undefined version.
+        # None: an API Kafka does not define.
+        version = self._versions.get((api_key, api_version)) or self._version(api_key, api_version)
         series = version.series if version is not None else self._series(api_key)
         size = event.size
         series.response_size.observe(size)
@@ -1042,7 +1060,7 @@ class _VersionCollector:
     NAME, HELP = "kproxy_request_versions_total", "Requests by API and version (which client versions are in use)"
 
     def __init__(self, versions: dict):
-        self.versions = versions      # (api key, version) -> _VersionCount; the loop adds new ones
+        self.versions = versions      # (api key, version or None) -> _VersionCount; the loop adds new ones
 
     def collect(self):
         family = CounterMetricFamily(self.NAME, self.HELP, labels=["api", "version"])

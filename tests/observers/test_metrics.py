@@ -100,6 +100,30 @@ def test_unknown_versions_and_decode_failures_are_counted():
     assert value(m, "kproxy_decode_failures_total", direction="request") == 1
 
 
+def test_versions_the_schema_does_not_define_share_one_series_per_api():
+    m, clock = Metrics(), Clock()
+    conn = Connection(clock=clock)
+    undefined = [*range(1000, 1100), -1]              # a broken or hostile client's versions
+    for correlation_id, version in enumerate(undefined):
+        m(None, conn.receive_client(framed(struct.pack(">hhih", 18, version, correlation_id, 0))))
+        answer = Response(correlation_id, new_body("response", 18, 0, error_code=35, api_keys=[]))
+        m(None, conn.receive_broker(framed(encode_response(answer, 18, 0))))   # the broker's v0 answer
+    exchange(m, conn, clock, 18, 3, 200, {}, {})
+    text = generate_latest(m.registry).decode()
+    series = [line for line in text.splitlines()
+              if line.startswith('kproxy_request_versions_total{api="ApiVersions"')]
+    assert sorted(series) == ['kproxy_request_versions_total{api="ApiVersions",version="3"} 1.0',
+                              'kproxy_request_versions_total{api="ApiVersions",version="unknown"} 101.0']
+    assert value(m, "kproxy_requests_total", api="ApiVersions") == 102
+    assert value(m, "kproxy_request_latency_seconds_count", api="ApiVersions") == 102
+    assert value(m, "kproxy_response_size_bytes_count", api="ApiVersions") == 102
+
+
+def test_versions_kafka_removed_are_defined_so_none_is_folded_into_unknown():
+    for api_key, (first, last) in schema.REMOVED_VERSIONS.items():
+        assert schema.REQUESTS[api_key].has_version(first) and schema.REQUESTS[api_key].has_version(last)
+
+
 def test_streamed_frames_are_counted_with_requests_and_latency_but_no_decode_failure():
     m, clock = Metrics(), Clock()
     conn = Connection(clock=clock, stream_frame_bytes=4096)
