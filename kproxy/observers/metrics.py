@@ -511,7 +511,7 @@ class Metrics:
             series.throttle.observe(throttle_ms / 1000.0)
             if throttle_ms > 0:
                 series.throttled += 1
-        body_version = response.body_version or api_version
+        body_version = api_version if response.body_version is None else response.body_version
         if version is not None and body_version == api_version:
             codes: list[int] = []
             if version.walker is not None:    # error_codes with the walker found once per version

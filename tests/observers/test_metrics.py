@@ -119,6 +119,19 @@ def test_versions_the_schema_does_not_define_share_one_series_per_api():
     assert value(m, "kproxy_response_size_bytes_count", api="ApiVersions") == 102
 
 
+def test_an_api_versions_answer_at_v0_counts_its_error_whatever_version_was_asked():
+    """A client asks ApiVersions at a version the broker does not serve; the broker answers
+    at v0 with UNSUPPORTED_VERSION (the fallback clients rely on to negotiate). The error is
+    read from the v0 body: also when the version asked for is one no Kafka defines."""
+    m, clock = Metrics(), Clock()
+    conn = Connection(clock=clock)
+    for correlation_id, version in enumerate((3, 1000)):
+        m(None, conn.receive_client(framed(struct.pack(">hhih", 18, version, correlation_id, 0))))
+        answer = Response(correlation_id, new_body("response", 18, 0, error_code=35, api_keys=[]))
+        m(None, conn.receive_broker(framed(encode_response(answer, 18, 0))))
+    assert value(m, "kproxy_response_errors_total", api="ApiVersions", error="UNSUPPORTED_VERSION") == 2
+
+
 def test_versions_kafka_removed_are_defined_so_none_is_folded_into_unknown():
     for api_key, (first, last) in schema.REMOVED_VERSIONS.items():
         assert schema.REQUESTS[api_key].has_version(first) and schema.REQUESTS[api_key].has_version(last)
