@@ -29,7 +29,10 @@ observers can decode it: frames of ``STREAM_FRAME_BYTES`` and up are not kept
 for bodies (``needs_bodies``) needs them whole, so what is kept is at most that
 much per direction, or ``max_frame_size`` when needed. All connections'
 incomplete frames together are bounded by the ``BufferBudget`` (beyond it the
-sides holding them are no longer read, all but one). An idle connection holds
+sides holding them are no longer read, all but one); a frame assembled in a buffer
+allocated whole is counted when it begins (what has not arrived as reserved, at most
+a quarter of the budget) and when it ends, not per read: pausing the reads that fill
+it would free nothing. An idle connection holds
 no read buffer at all (the arena is the event loop's). One client cannot monopolize the
 loop either: it is not read with ``MAX_IN_FLIGHT_PER_CONNECTION`` requests
 unanswered, and its events reach observers a bounded step at a time.
