@@ -35,9 +35,8 @@ from kproxy.protocol import Struct, decode_response
 from kproxy.protocol.connection import RequestReceived, ResponseReceived
 from tests.proxy.certs import PKI, make_pki, openssl_available
 from tests.proxy.harness import ProxyThread, Traffic, free_ports, http_status, wait_for
-from tests.proxy.test_faults import METADATA, RawClient, api_versions_ok, framed
-from tests.proxy.test_faults import kproxy_log  # noqa: F401 - a fixture
 from tests.proxy.test_proxy_e2e import client_bytes  # noqa: F401 - a fixture
+from tests.proxy.wire import METADATA, RawClient, api_versions_ok, framed
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 

@@ -23,27 +23,20 @@ import threading
 import time
 import urllib.request
 import uuid
-from dataclasses import dataclass
 
 import pytest
 
-from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy.relay import READ_CHUNK, WRITE_HIGH_WATER
 from tests.proxy.harness import (KproxyProcess, ProxyThread, free_ports, http_status, silent_port,
                                   wait_for)
+from tests.proxy.wire import (ADMIN_TIMEOUT_S, API_VERSIONS, API_VERSIONS_FIELDS, CLOSE_TIMEOUT_S, FETCH,
+                              FETCH_VERSION, METADATA, RESPONSE_TIMEOUT_S, RawClient, RelayState, address,
+                              api_versions_ok, close_reasons, create_topic, fetch_fields, framed,
+                              relay_count, relay_states, request_frame, start_long_poll)
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
 
-API_VERSIONS, METADATA, FETCH = 18, 3, 1
-FETCH_VERSION = 12                # the newest Fetch that names topics (v13+ use topic ids)
-CLIENT_ID = "kproxy-faults"
-
-# "Promptly": a connection kproxy must close is closed well inside this, even on a
-# loaded machine; far below the long-polls and timeouts that would otherwise end it.
-CLOSE_TIMEOUT_S = 10.0
-RESPONSE_TIMEOUT_S = 30.0         # a broker answer on a busy 2-core machine
-ADMIN_TIMEOUT_S = 30.0
 LONG_POLL_MS = 60_000             # a Fetch long-poll that would outlive every test if not cut
 
 BIG_TOPIC_BYTES = 50 * 1024 * 1024
@@ -55,159 +48,7 @@ STUCK_RCVBUF = 64 * 1024          # the stuck client's receive buffer: keeps the
 STUCK_READ_BOUND = 16 * 1024 * 1024
 
 
-# ---------------------------------------------------------------- raw Kafka client
-
-def framed(payload: bytes) -> bytes:
-    return struct.pack(">i", len(payload)) + payload
-
-
-def request_frame(api_key: int, version: int, correlation_id: int, **fields) -> bytes:
-    body = new_body("request", api_key, version, **fields)
-    return framed(encode_request(Request(api_key, version, correlation_id, CLIENT_ID, body)))
-
-
-def fetch_fields(topic: str, offset: int = 0, *, max_wait_ms: int = 500, min_bytes: int = 1,
-                 max_bytes: int = 1024 * 1024) -> dict:
-    partition = Struct(partition=0, current_leader_epoch=-1, fetch_offset=offset,
-                       last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=max_bytes)
-    return dict(max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes,
-                topics=[Struct(topic=topic, partitions=[partition])])
-
-
-def address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return host, int(port)
-
-
-class RawClient:
-    """A blocking Kafka client on a bare socket: exactly the bytes a test wants, no retries."""
-
-    def __init__(self, target: str | tuple[str, int], rcvbuf: int | None = None):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        if rcvbuf is not None:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.sock.settimeout(RESPONSE_TIMEOUT_S)
-        self.sock.connect(address(target) if isinstance(target, str) else target)
-        self.port = self.sock.getsockname()[1]
-        self._ids = iter(range(1, 1 << 30))
-        self._pending: list[tuple[int, int, int]] = []      # (correlation id, api key, version)
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def send_request(self, api_key: int, version: int, **fields) -> int:
-        correlation_id = next(self._ids)
-        self._pending.append((correlation_id, api_key, version))
-        self.send(request_frame(api_key, version, correlation_id, **fields))
-        return correlation_id
-
-    def _recv_exactly(self, size: int) -> bytes:
-        chunks, remaining = [], size
-        while remaining:
-            chunk = self.sock.recv(min(remaining, 1 << 20))
-            if not chunk:
-                raise ConnectionError(f"closed with {remaining} of {size} bytes unread")
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
-
-    def read_response(self):
-        size, = struct.unpack(">i", self._recv_exactly(4))
-        frame = self._recv_exactly(size)
-        correlation_id, api_key, version = self._pending.pop(0)
-        response = decode_response(frame, api_key, version)
-        assert response.correlation_id == correlation_id
-        return response
-
-    def roundtrip(self, api_key: int, version: int, **fields):
-        self.send_request(api_key, version, **fields)
-        return self.read_response()
-
-    def wait_closed(self, timeout: float = CLOSE_TIMEOUT_S) -> tuple[float, int]:
-        """Read until the peer closes; (seconds it took, bytes read meanwhile). Fails on timeout."""
-        started = time.monotonic()
-        deadline = started + timeout
-        received = 0
-        while True:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                chunk = self.sock.recv(1 << 20)
-            except (ConnectionResetError, BrokenPipeError):
-                break
-            except socket.timeout:
-                raise AssertionError(f"connection still open after {timeout:g}s "
-                                     f"({received} bytes received)") from None
-            if not chunk:
-                break
-            received += len(chunk)
-        return time.monotonic() - started, received
-
-    def abort(self) -> None:
-        """Close with a TCP reset, as a killed process with unread data does."""
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.sock.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def start_long_poll(client: RawClient, topic: str, max_wait_ms: int) -> int:
-    """Send a Fetch at the partition's end, which the broker holds for ``max_wait_ms``."""
-    peek = client.roundtrip(FETCH, FETCH_VERSION, **fetch_fields(topic, 0, max_wait_ms=0, min_bytes=0))
-    end = peek.body.responses[0].partitions[0].high_watermark
-    return client.send_request(FETCH, FETCH_VERSION, **fetch_fields(topic, end, max_wait_ms=max_wait_ms))
-
-
-API_VERSIONS_FIELDS = dict(client_software_name="kproxy-tests", client_software_version="1")
-
-
-def api_versions_ok(client: RawClient) -> None:
-    response = client.roundtrip(API_VERSIONS, 3, **API_VERSIONS_FIELDS)
-    assert response.body.error_code == 0 and response.body.api_keys
-
-
 # ---------------------------------------------------------------- proxy and broker helpers
-
-@dataclass(frozen=True)
-class RelayState:
-    client_port: int
-    in_flight: int
-    write_buffer: int           # kproxy's unsent bytes towards the client
-    buffered: int               # the tracker's bytes of incomplete frames
-    from_broker: int            # bytes kproxy has read from the broker
-
-
-async def _relay_states(proxy) -> list[RelayState]:
-    states = []
-    for relay in list(proxy.relays):
-        if relay.info is None or relay.tracker is None:
-            continue
-        transport = relay.client.transport
-        states.append(RelayState(relay.info.client[1], relay.in_flight,
-                                 transport.get_write_buffer_size(), relay.tracker.buffered,
-                                 relay.bytes_from_broker))
-    return states
-
-
-def relay_states(proxy: ProxyThread) -> list[RelayState]:
-    """A consistent snapshot of kproxy's connections, taken on its own event loop."""
-    return proxy.call(_relay_states(proxy.runtime.proxy))
-
-
-def relay_count(proxy: ProxyThread) -> int:
-    async def count():
-        return len(proxy.runtime.proxy.relays)
-    return proxy.call(count())
-
-
-def create_topic(bootstrap: str, partitions: int = 1) -> str:
-    from confluent_kafka.admin import AdminClient, NewTopic
-    topic = f"kp-faults-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})      # must outlive its futures
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
-    futures[topic].result(ADMIN_TIMEOUT_S)
-    return topic
-
 
 def assert_served(proxy: ProxyThread, topic: str) -> None:
     """A real client (librdkafka) sees only kproxy's addresses and gets a message acknowledged."""
@@ -222,51 +63,6 @@ def assert_served(proxy: ProxyThread, topic: str) -> None:
     producer.produce(topic, value=b"still served", on_delivery=lambda err, msg: results.append(err))
     assert producer.flush(RESPONSE_TIMEOUT_S) == 0
     assert results == [None]
-
-
-@pytest.fixture
-def start_proxy(kafka_cluster, kproxy_log):
-    """``start_proxy(**settings)``: a running kproxy in front of ``kafka_cluster`` (or ``upstream``)."""
-    with contextlib.ExitStack() as stack:
-        def start(**settings) -> ProxyThread:
-            settings.setdefault("upstream", kafka_cluster.bootstrap_servers)
-            if "broker_port_map" not in settings:
-                node_ids = [n.node_id for n in kafka_cluster.nodes]
-                settings.update(broker_port_rule="map",
-                                broker_port_map=dict(zip(node_ids, free_ports(len(node_ids)))))
-            settings.setdefault("shutdown_timeout", 5.0)
-            proxy = stack.enter_context(ProxyThread(**settings))
-            proxy.broker_addresses = {("127.0.0.1", p) for p in settings["broker_port_map"].values()}
-            return proxy
-        yield start
-
-
-@pytest.fixture
-def kproxy_log(caplog):
-    """kproxy's log records; the test fails if kproxy or asyncio logged an error.
-
-    ``start_proxy`` depends on this fixture, so it is torn down after the proxies stop and
-    also sees what their shutdown logged (``caplog.records`` holds the current phase only).
-    """
-    caplog.set_level(logging.INFO, logger="kproxy")
-    yield caplog
-    records = caplog.get_records("setup") + caplog.get_records("call") + caplog.records
-    errors = [r for r in records if r.levelno >= logging.ERROR
-              and (r.name.startswith("kproxy") or r.name == "asyncio")]
-    assert not errors, "errors logged: " + "; ".join(
-        f"{r.name}: {r.getMessage()} {r.exc_info[1]!r}" if r.exc_info else f"{r.name}: {r.getMessage()}"
-        for r in errors)
-
-
-def close_reasons(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "kproxy.relay" and " close " in r.getMessage()]
-
-
-@pytest.fixture(scope="module")
-def topic(kafka_cluster) -> str:
-    """A one-partition topic for long-polls (``start_long_poll`` fetches at its end)."""
-    return create_topic(kafka_cluster.bootstrap_servers)
 
 
 @pytest.fixture(scope="module")

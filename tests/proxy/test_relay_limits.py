@@ -27,9 +27,9 @@ from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy import relay as relay_module
 from kproxy.proxy.relay import MAX_IN_FLIGHT_PER_CONNECTION, OBSERVER_EVENTS_PER_STEP, READ_CHUNK
 from tests.protocol.test_connection import produce_v9
-from tests.proxy.test_faults import (API_VERSIONS, CLOSE_TIMEOUT_S, FETCH, FETCH_VERSION, METADATA,  # noqa: F401
-                                     RawClient, close_reasons, fetch_fields, kproxy_log, request_frame,
-                                     start_proxy, topic, wait_for)
+from tests.proxy.harness import wait_for
+from tests.proxy.wire import (API_VERSIONS, CLOSE_TIMEOUT_S, FETCH, FETCH_VERSION, METADATA, RawClient,
+                              close_reasons, fetch_fields, request_frame)
 
 pytestmark = [pytest.mark.timeout(120)]
 

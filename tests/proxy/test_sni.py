@@ -47,7 +47,6 @@ from tests.proxy.test_cluster import (  # noqa: F401 - cluster3, tls_cluster: fi
     assert_no_upstream_address, cluster3, create_topic, leads_again, port_free_on, stop_partition_0_leader,
     tls_cluster,
     topic_name, upstream_addresses)
-from tests.proxy.test_faults import kproxy_log  # noqa: F401 - a fixture
 from tests.proxy.test_proxy_e2e import client_bytes  # noqa: F401 - a fixture
 
 TEMPLATE = f"broker-{{node_id}}.{SNI_DOMAIN}"

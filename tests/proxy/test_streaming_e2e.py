@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from tests.proxy.harness import KproxyProcess, free_ports, http_status
-from tests.proxy.test_faults import FETCH, FETCH_VERSION, RawClient, fetch_fields
+from tests.proxy.wire import FETCH, FETCH_VERSION, RawClient, fetch_fields
 
 pytestmark = [pytest.mark.timeout(300)]
 

@@ -25,9 +25,8 @@ from kproxy.protocol.connection import Connection
 from kproxy.proxy import server as server_module
 from kproxy.proxy.rewrite import LEADER_NOT_AVAILABLE, NO_NODE
 from kproxy.proxy.server import BIND_RETRY_MAX_S, Proxy
-from tests.proxy.harness import ProxyThread
-from tests.proxy.test_faults import (METADATA, RawClient, create_topic, http_status,  # noqa: F401
-                                     kproxy_log, wait_for)
+from tests.proxy.harness import ProxyThread, http_status, wait_for
+from tests.proxy.wire import METADATA, RawClient, create_topic
 
 RESPONSE_TIMEOUT_S = 30.0         # a broker answer, or a client's retry, on a busy 2-core machine
 RETRIES_SEEN = 3                  # failed binds to see before checking that the log said it once

@@ -26,9 +26,9 @@ from kproxy.protocol import Struct, Uuid, decode_response
 from kproxy.proxy.relay import READ_CHUNK
 from kproxy.proxy.server import DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL
 from tests.protocol.test_connection import PADDED_BUT_ACCEPTED, REFUSED_BY_THE_BROKER, produce_v9
-from tests.proxy.test_faults import (API_VERSIONS, API_VERSIONS_FIELDS, CLOSE_TIMEOUT_S, METADATA,  # noqa: F401
-                                     RESPONSE_TIMEOUT_S, RawClient, address, api_versions_ok,
-                                     close_reasons, kproxy_log, relay_count, start_proxy, wait_for)
+from tests.proxy.harness import wait_for
+from tests.proxy.wire import (API_VERSIONS, API_VERSIONS_FIELDS, CLOSE_TIMEOUT_S, METADATA, RESPONSE_TIMEOUT_S,
+                              RawClient, address, api_versions_ok, close_reasons, relay_count)
 
 pytestmark = [pytest.mark.timeout(300)]
 

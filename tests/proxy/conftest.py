@@ -1,0 +1,59 @@
+"""Fixtures for the tests that run kproxy in front of a real broker and watch its log.
+
+- ``kproxy_log``: kproxy's log records; fails the test if kproxy or asyncio logged an error;
+- ``start_proxy``: kproxies in front of ``kafka_cluster``, stopped after the test;
+- ``topic``: a one-partition topic per test module.
+
+A module that defines a fixture of the same name (``test_workers_e2e``'s ``topic``) uses its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import pytest
+
+from tests.proxy.harness import ProxyThread, free_ports
+from tests.proxy.wire import create_topic
+
+
+@pytest.fixture
+def start_proxy(kafka_cluster, kproxy_log):
+    """``start_proxy(**settings)``: a running kproxy in front of ``kafka_cluster`` (or ``upstream``)."""
+    with contextlib.ExitStack() as stack:
+        def start(**settings) -> ProxyThread:
+            settings.setdefault("upstream", kafka_cluster.bootstrap_servers)
+            if "broker_port_map" not in settings:
+                node_ids = [n.node_id for n in kafka_cluster.nodes]
+                settings.update(broker_port_rule="map",
+                                broker_port_map=dict(zip(node_ids, free_ports(len(node_ids)))))
+            settings.setdefault("shutdown_timeout", 5.0)
+            proxy = stack.enter_context(ProxyThread(**settings))
+            proxy.broker_addresses = {("127.0.0.1", p) for p in settings["broker_port_map"].values()}
+            return proxy
+        yield start
+
+
+@pytest.fixture
+def kproxy_log(caplog):
+    """kproxy's log records; the test fails if kproxy or asyncio logged an error.
+
+    ``start_proxy`` depends on this fixture, so it is torn down after the proxies stop and
+    also sees what their shutdown logged (``caplog.records`` holds the current phase only).
+    """
+    caplog.set_level(logging.INFO, logger="kproxy")
+    yield caplog
+    records = caplog.get_records("setup") + caplog.get_records("call") + caplog.records
+    errors = [r for r in records if r.levelno >= logging.ERROR
+              and (r.name.startswith("kproxy") or r.name == "asyncio")]
+    assert not errors, "errors logged: " + "; ".join(
+        f"{r.name}: {r.getMessage()} {r.exc_info[1]!r}" if r.exc_info else f"{r.name}: {r.getMessage()}"
+        for r in errors)
+
+
+@pytest.fixture(scope="module")
+def topic(kafka_cluster) -> str:
+    """A one-partition topic for long-polls (``start_long_poll`` fetches at its end)."""
+    return create_topic(kafka_cluster.bootstrap_servers)
+
