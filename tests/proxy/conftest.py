@@ -2,9 +2,13 @@
 
 - ``kproxy_log``: kproxy's log records; fails the test if kproxy or asyncio logged an error;
 - ``start_proxy``: kproxies in front of ``kafka_cluster``, stopped after the test;
-- ``topic``: a one-partition topic per test module.
+- ``topic``: a one-partition topic per test module;
+- ``client_bytes``: every byte kproxy forwards to clients, for the leak scans;
+- ``cluster3``, ``tls_cluster``: a three-node cluster and a TLS-only node, per test class;
+- ``node_ids``, ``workers_proxy``, ``workers_topic``: ``kproxy run --workers 2`` and a topic
+  through it, one per module.
 
-A module that defines a fixture of the same name (``test_workers_e2e``'s ``topic``) uses its own.
+A module that defines a fixture of the same name (``test_proxy_e2e``'s ``proxy``) uses its own.
 """
 
 from __future__ import annotations
