@@ -25,6 +25,8 @@ from kproxy.embedded import (
     missing_prerequisites,
     tansu_executable,
 )
+from tests.proxy.certs import PKI, make_pki, openssl_available
+from tests.proxy.harness import PASSWORD, SCRAM_USER
 
 SKIP_BROKER_TESTS_ENV = "KPROXY_SKIP_BROKER_TESTS"
 
@@ -128,3 +130,29 @@ def make_kafka_cluster() -> Iterator[Callable[..., KafkaCluster]]:
     yield make
     for cluster in reversed(clusters):
         cluster.stop()
+
+
+@pytest.fixture(scope="class")
+def pki(tmp_path_factory) -> PKI:
+    if not openssl_available():
+        pytest.fail("the openssl command is needed to make test certificates", pytrace=False)
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="class")
+def sasl_cluster(require_kafka) -> Iterator[KafkaCluster]:
+    """One node with SASL_PLAINTEXT on CLIENT: PLAIN (JAAS users) and SCRAM-SHA-512."""
+    require_kafka(KAFKA_4_VERSION)
+    extra = {
+        "listener.security.protocol.map": "CLIENT:SASL_PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+        "listener.name.client.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+        "listener.name.client.plain.sasl.jaas.config":
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'user_{SCRAM_USER}="{PASSWORD}";',
+        "listener.name.client.scram-sha-512.sasl.jaas.config":
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+    }
+    scram = f"SCRAM-SHA-512=[name={SCRAM_USER},password={PASSWORD}]"
+    with KafkaCluster(extra_config=extra, format_args=["--add-scram", scram]) as cluster:
+        yield cluster

@@ -20,9 +20,7 @@ from kproxy.observers.capture import CaptureConfig
 from tests.observers.test_capture import read_jsonl, read_parquet
 from tests.observers.test_metrics_insight_live import wait_for
 from tests.observers.test_metrics_live import sample, scrape
-from tests.proxy.harness import ProxyThread
-from tests.proxy.test_cluster import (PASSWORD, SCRAM_USER, pki, sasl_cluster, sasl_config,  # noqa: F401
-                                      ssl_config)
+from tests.proxy.harness import PASSWORD, SCRAM_USER, ProxyThread, sasl_config, ssl_config
 
 pytestmark = pytest.mark.broker
 

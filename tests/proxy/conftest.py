@@ -2,20 +2,28 @@
 
 - ``kproxy_log``: kproxy's log records; fails the test if kproxy or asyncio logged an error;
 - ``start_proxy``: kproxies in front of ``kafka_cluster``, stopped after the test;
-- ``topic``: a one-partition topic per test module.
+- ``topic``: a one-partition topic per test module;
+- ``client_bytes``: every byte kproxy forwards to clients, for the leak scans;
+- ``cluster3``, ``tls_cluster``: a three-node cluster and a TLS-only node, per test class;
+- ``node_ids``, ``workers_proxy``, ``workers_topic``: ``kproxy run --workers 2`` and a topic
+  through it, one per module.
 
-A module that defines a fixture of the same name (``test_workers_e2e``'s ``topic``) uses its own.
+A module that defines a fixture of the same name (``test_proxy_e2e``'s ``proxy``) uses its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
+from collections.abc import Iterator
 
 import pytest
 
-from tests.proxy.harness import ProxyThread, free_ports
-from tests.proxy.wire import create_topic
+from kproxy.embedded import KAFKA_4_VERSION, KafkaCluster
+from kproxy.protocol.connection import Connection
+from tests.proxy.harness import ProxyThread, Workers, free_ports
+from tests.proxy.wire import WitnessClient, create_topic
 
 
 @pytest.fixture
@@ -57,3 +65,61 @@ def topic(kafka_cluster) -> str:
     """A one-partition topic for long-polls (``start_long_poll`` fetches at its end)."""
     return create_topic(kafka_cluster.bootstrap_servers)
 
+
+@pytest.fixture
+def client_bytes(monkeypatch):
+    """Every byte kproxy forwards to clients (what relay_broker hands the relay to write)."""
+    seen = []
+    original = Connection.relay_broker
+
+    def recording(self, data):
+        events, out = original(self, data)
+        seen.extend(bytes(chunk) for chunk in out)
+        return events, out
+
+    monkeypatch.setattr(Connection, "relay_broker", recording)
+    return seen
+
+
+
+@pytest.fixture(scope="class")
+def cluster3(require_kafka) -> Iterator[KafkaCluster]:
+    require_kafka(KAFKA_4_VERSION)
+    with KafkaCluster(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="class")
+def tls_cluster(require_kafka, pki) -> Iterator[KafkaCluster]:
+    """One node whose CLIENT listener is TLS only and requires a client certificate."""
+    require_kafka(KAFKA_4_VERSION)
+    extra = {
+        "listener.security.protocol.map": "CLIENT:SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.name.client.ssl.keystore.type": "PEM",
+        "listener.name.client.ssl.keystore.location": str(pki.server.chain),
+        "listener.name.client.ssl.truststore.type": "PEM",
+        "listener.name.client.ssl.truststore.location": str(pki.ca),
+        "listener.name.client.ssl.client.auth": "required",
+    }
+    with KafkaCluster(extra_config=extra) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def node_ids(kafka_cluster) -> list[int]:
+    return [node.node_id for node in kafka_cluster.nodes]
+
+
+@pytest.fixture(scope="module")
+def workers_proxy(kafka_cluster, node_ids, tmp_path_factory):
+    with Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path_factory.mktemp("workers")) as workers:
+        yield workers
+    assert workers.returncode == 0, workers.log_text()
+
+
+@pytest.fixture(scope="module")
+def workers_topic(workers_proxy) -> str:
+    name = f"workers-{uuid.uuid4().hex[:8]}"
+    with WitnessClient(workers_proxy.bootstrap) as client:
+        client.create(name)
+    return name

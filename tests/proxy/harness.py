@@ -4,7 +4,8 @@
 - ``KproxyProcess``: ``kproxy run`` in a process of its own (its memory, its limits, its workers);
 - ``silent_port``: a broker that accepts connections and never answers;
 - ``Traffic``: a producer and a group consumer on threads of their own, counting what got through;
-- ``wait_for`` and ``http_status``: deadlines on a condition, and an HTTP answer as (status, text).
+- ``wait_for`` and ``http_status``: deadlines on a condition, and an HTTP answer as (status, text);
+- ``ssl_config``, ``sasl_config``: confluent-kafka settings for a client of a TLS or SASL kproxy.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import uvloop
+from prometheus_client.parser import text_string_to_metric_families
 
 from kproxy import config as config_module
 from kproxy.runtime import Runtime
+from tests.proxy.certs import PKI
 
 START_TIMEOUT_S = 10.0
 ANSWER_TIMEOUT_S = 30.0           # an HTTP answer (admin, probes) on a busy 2-core machine
@@ -383,3 +386,70 @@ class Traffic:
         wait_for(lambda: self.check() or self.delivered <= self.consumed, self.timeout,
                  "every acknowledged message to be consumed")
         self.stop_consuming()
+
+
+# ---------------------------------------------------------------- clients of a TLS or SASL kproxy
+
+SCRAM_USER, PASSWORD = "alice", "alice-secret"     # the user ``sasl_cluster`` knows
+
+
+def ssl_config(proxy: ProxyThread, pki: PKI, **extra) -> dict:
+    return {"bootstrap.servers": proxy.bootstrap, "security.protocol": "SSL",
+            "ssl.ca.location": str(pki.ca), "ssl.endpoint.identification.algorithm": "https",
+            **extra}
+
+
+def sasl_config(proxy: ProxyThread, mechanism: str, password: str = PASSWORD) -> dict:
+    return {"bootstrap.servers": proxy.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism, "sasl.username": SCRAM_USER, "sasl.password": password}
+
+
+# ---------------------------------------------------------------- kproxy run --workers
+
+WORKERS_TOKEN = "workers-test-token-0123456789abcdef"
+
+
+class Workers(KproxyProcess):
+    """A ``kproxy run --workers N`` process (``KproxyProcess``) and the calls a test makes to it."""
+
+    def __init__(self, upstream: str, node_ids: list[int], tmp: Path, workers: int = 2,
+                 listen_port: int | None = None, ready: str | None = "/readyz"):
+        listen, admin, probes, *broker_ports = free_ports(3 + len(node_ids))
+        self.capture_root = tmp / "captures"
+        super().__init__(tmp, ready=ready, env={"KPROXY_ADMIN_TOKEN": WORKERS_TOKEN},
+                         upstream=upstream, workers=workers, listen=f"127.0.0.1:{listen_port or listen}",
+                         admin_listen=f"127.0.0.1:{admin}", probe_listen=f"127.0.0.1:{probes}",
+                         broker_port_rule="map", broker_port_map=dict(zip(node_ids, broker_ports)),
+                         shutdown_timeout=10, capture_root=str(self.capture_root))
+
+    def call(self, path: str, body: dict | None = None, token: str | None = WORKERS_TOKEN,
+             base: str | None = None) -> tuple[int, bytes]:
+        request = urllib.request.Request((base or self.admin_url) + path,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         method="GET" if body is None else "POST")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=20) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    get = call
+
+    def metrics(self, base: str | None = None) -> dict[tuple, float]:
+        status, text = self.call("/metrics", base=base)
+        assert status == 200, text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(text.decode()) for s in f.samples}
+
+    def workers(self) -> list[dict]:
+        return json.loads(self.call("/workers")[1])["workers"]
+
+    def per_worker_metrics(self) -> list[dict[tuple, float]]:
+        """Each worker's own exposition, from its private admin listener."""
+        return [self.metrics(base=f"http://127.0.0.1:{w['admin_port']}") for w in self.workers()]
+
+
+def value(samples, name, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)

@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 
-from kproxy.embedded import KAFKA_4_VERSION, KafkaCluster
+from kproxy.embedded import KafkaCluster
 from kproxy.protocol import Struct, decode_response
 from kproxy.protocol.connection import RequestReceived, ResponseReceived
-from tests.proxy.certs import PKI, make_pki, openssl_available
-from tests.proxy.harness import ProxyThread, Traffic, free_ports, http_status, wait_for
-from tests.proxy.test_proxy_e2e import client_bytes  # noqa: F401 - a fixture
+from tests.proxy.certs import PKI
+from tests.proxy.harness import (PASSWORD, SCRAM_USER, ProxyThread, Traffic, free_ports, http_status, sasl_config,
+                                 ssl_config, wait_for)
 from tests.proxy.wire import METADATA, RawClient, api_versions_ok, framed
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
@@ -132,13 +132,6 @@ def api_trace() -> tuple[list, Callable]:
 
 
 # ---------------------------------------------------------------- three brokers
-
-@pytest.fixture(scope="class")
-def cluster3(require_kafka) -> Iterator[KafkaCluster]:
-    require_kafka(KAFKA_4_VERSION)
-    with KafkaCluster(3) as cluster:
-        yield cluster
-
 
 class ConfluentTraffic(Traffic):
     """``Traffic`` with confluent-kafka (librdkafka) clients."""
@@ -383,29 +376,6 @@ def port_free_on(hosts: Iterable[str]) -> int:
 
 # ---------------------------------------------------------------- TLS
 
-@pytest.fixture(scope="class")
-def pki(tmp_path_factory) -> PKI:
-    if not openssl_available():
-        pytest.fail("the openssl command is needed to make test certificates", pytrace=False)
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="class")
-def tls_cluster(require_kafka, pki) -> Iterator[KafkaCluster]:
-    """One node whose CLIENT listener is TLS only and requires a client certificate."""
-    require_kafka(KAFKA_4_VERSION)
-    extra = {
-        "listener.security.protocol.map": "CLIENT:SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "listener.name.client.ssl.keystore.type": "PEM",
-        "listener.name.client.ssl.keystore.location": str(pki.server.chain),
-        "listener.name.client.ssl.truststore.type": "PEM",
-        "listener.name.client.ssl.truststore.location": str(pki.ca),
-        "listener.name.client.ssl.client.auth": "required",
-    }
-    with KafkaCluster(extra_config=extra) as cluster:
-        yield cluster
-
-
 class Impostor:
     """A TLS server with a certificate the CA really signed, but for another name."""
 
@@ -456,12 +426,6 @@ def tls_proxy(cluster: KafkaCluster, pki: PKI, observers=(), **tls_server) -> Pr
         tls_client={"ca_file": str(pki.ca), "cert_file": str(pki.client.cert),
                     "key_file": str(pki.client.key), "check_hostname": True},
         tls_server={"cert_file": str(pki.server.cert), "key_file": str(pki.server.key), **tls_server})
-
-
-def ssl_config(proxy: ProxyThread, pki: PKI, **extra) -> dict:
-    return {"bootstrap.servers": proxy.bootstrap, "security.protocol": "SSL",
-            "ssl.ca.location": str(pki.ca), "ssl.endpoint.identification.algorithm": "https",
-            **extra}
 
 
 def tls_answer(proxy: ProxyThread, pki: PKI, identity=None) -> bytes | str:
@@ -562,39 +526,12 @@ class TestTLS:
 
 # ---------------------------------------------------------------- SASL
 
-SCRAM_USER, PASSWORD = "alice", "alice-secret"
-
-
-@pytest.fixture(scope="class")
-def sasl_cluster(require_kafka) -> Iterator[KafkaCluster]:
-    """One node with SASL_PLAINTEXT on CLIENT: PLAIN (JAAS users) and SCRAM-SHA-512."""
-    require_kafka(KAFKA_4_VERSION)
-    extra = {
-        "listener.security.protocol.map": "CLIENT:SASL_PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
-        "listener.name.client.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
-        "listener.name.client.plain.sasl.jaas.config":
-            "org.apache.kafka.common.security.plain.PlainLoginModule required "
-            f'user_{SCRAM_USER}="{PASSWORD}";',
-        "listener.name.client.scram-sha-512.sasl.jaas.config":
-            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
-    }
-    scram = f"SCRAM-SHA-512=[name={SCRAM_USER},password={PASSWORD}]"
-    with KafkaCluster(extra_config=extra, format_args=["--add-scram", scram]) as cluster:
-        yield cluster
-
-
 @pytest.fixture
 def sasl_proxy(sasl_cluster) -> Iterator[ProxyThread]:
     trace, observe = api_trace()
     with mapped_gateway(sasl_cluster, [observe]) as proxy:
         proxy.trace = trace
         yield proxy
-
-
-def sasl_config(proxy: ProxyThread, mechanism: str, password: str = PASSWORD) -> dict:
-    return {"bootstrap.servers": proxy.bootstrap, "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanism": mechanism, "sasl.username": SCRAM_USER, "sasl.password": password}
 
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36

@@ -18,9 +18,8 @@ import time
 from types import SimpleNamespace
 
 from tests.proxy.test_live_page import WAIT_MS, open_page, wait_until
-from tests.proxy.test_workers_e2e import TOKEN, RawClient, value
-# The same `kproxy run --workers 2` (module-scoped: one for this module) and topic.
-from tests.proxy.test_workers_e2e import node_ids, proxy, topic  # noqa: F401
+from tests.proxy.harness import WORKERS_TOKEN, value
+from tests.proxy.wire import WitnessClient
 
 SCREENSHOT_ENV = "KPROXY_LIVE_WORKERS_SCREENSHOT"
 # Connections made, one Produce each: all on one worker by chance has odds 2 x 2^-24.
@@ -28,7 +27,7 @@ CONNECTIONS = 24
 
 
 def page_of(browser, proxy):
-    page = open_page(browser, SimpleNamespace(admin_url=proxy.admin_url), token=TOKEN)
+    page = open_page(browser, SimpleNamespace(admin_url=proxy.admin_url), token=WORKERS_TOKEN)
     assert page.errors == []                # the page names its icon: no /favicon.ico 404
     page.refused = []                       # answers >= 400 the page got, to name them
     page.on("response", lambda r: page.refused.append((r.status, r.url)) if r.status >= 400 else None)
@@ -37,7 +36,7 @@ def page_of(browser, proxy):
 
 def produce_on_new_connections(proxy, topic: str, n: int, tag: str) -> None:
     for i in range(n):
-        with RawClient(proxy.bootstrap) as client:
+        with WitnessClient(proxy.bootstrap) as client:
             client.produce(topic, f"{tag} {i}".encode())
 
 
@@ -53,20 +52,20 @@ def per_worker_produces(proxy) -> list[float]:
     return [value(m, "kproxy_requests_total", api="Produce") for m in proxy.per_worker_metrics()]
 
 
-def test_the_page_shows_the_traffic_of_every_worker(browser, proxy, topic, tmp_path):
-    before = per_worker_produces(proxy)
-    page = page_of(browser, proxy)
+def test_the_page_shows_the_traffic_of_every_worker(browser, workers_proxy, workers_topic, tmp_path):
+    before = per_worker_produces(workers_proxy)
+    page = page_of(browser, workers_proxy)
     try:
-        produce_on_new_connections(proxy, topic, CONNECTIONS, "merged")
-        wait_until(lambda: len(produce_rows(page, topic)) >= CONNECTIONS, f"{CONNECTIONS} Produce rows")
+        produce_on_new_connections(workers_proxy, workers_topic, CONNECTIONS, "merged")
+        wait_until(lambda: len(produce_rows(page, workers_topic)) >= CONNECTIONS, f"{CONNECTIONS} Produce rows")
         time.sleep(1.0)                                       # anything extra would arrive by now
-        rows = produce_rows(page, topic)
-        landed = [after - was for after, was in zip(per_worker_produces(proxy), before)]
+        rows = produce_rows(page, workers_topic)
+        landed = [after - was for after, was in zip(per_worker_produces(workers_proxy), before)]
         assert min(landed) > 0 and sum(landed) == CONNECTIONS, landed     # both workers served some
         assert len(rows) == CONNECTIONS and len({r["conn"] for r in rows}) == CONNECTIONS, rows
         times = [r["time"] for r in rows]                # one list, newest first, not per worker
         assert times == sorted(times, reverse=True), times
-        pids = {w["index"]: str(w["pid"]) for w in proxy.workers()}
+        pids = {w["index"]: str(w["pid"]) for w in workers_proxy.workers()}
         for index, pid in pids.items():                    # each worker's rows, as many as it served
             mine = [r for r in rows if r["pid"] == pid]
             assert len(mine) == landed[index], (index, rows)
@@ -77,7 +76,7 @@ def test_the_page_shows_the_traffic_of_every_worker(browser, proxy, topic, tmp_p
 
         # The overview adds up both workers: the Produce count, one inventory entry.
         page.locator("#apis").get_by_role("cell", name="Produce", exact=True).wait_for(timeout=WAIT_MS)
-        status, body = proxy.get("/live/overview")
+        status, body = workers_proxy.get("/live/overview")
         overview = json.loads(body)
         assert status == 200 and "notice" not in overview and overview["workers"] == 2
         (produce,) = [a for a in overview["traffic"]["apis"] if a["api"] == "Produce"]
@@ -96,28 +95,28 @@ def test_the_page_shows_the_traffic_of_every_worker(browser, proxy, topic, tmp_p
             page.click(f"#pairs tbody tr[data-id='{row['id']}']")
             page.locator(f"#detail-title", has_text=f"pair {row['id']}").wait_for(timeout=WAIT_MS)
             page.locator("#detail-summary[data-records='1']").wait_for(timeout=WAIT_MS)
-            assert page.eval_on_selector("#detail-summary", "e => e.dataset.topics") == topic
+            assert page.eval_on_selector("#detail-summary", "e => e.dataset.topics") == workers_topic
             assert f"conn {row['conn']}" in page.inner_text("#detail-summary")
             with page.expect_download(timeout=WAIT_MS) as download:
                 page.click("#detail-pcap")
             data = open(download.value.path(), "rb").read()
-            assert data[:4] == b"\x0a\x0d\x0d\x0a" and topic.encode() in data
+            assert data[:4] == b"\x0a\x0d\x0d\x0a" and workers_topic.encode() in data
         assert page.errors == [], (page.errors, page.refused)
     finally:
         page.close()
 
 
-def test_a_slow_viewer_of_the_merged_stream_slows_no_one(browser, proxy, topic):
+def test_a_slow_viewer_of_the_merged_stream_slows_no_one(browser, workers_proxy, workers_topic):
     """A stream nobody reads: the supervisor still reads the workers' streams (its own
     backlog drops), so another page gets every row and the clients every answer."""
     stuck = socket.socket()
     stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    stuck.connect(("127.0.0.1", int(proxy.admin_url.rsplit(":", 1)[1])))
-    stuck.sendall(f"GET /live/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
-    page = page_of(browser, proxy)
+    stuck.connect(("127.0.0.1", int(workers_proxy.admin_url.rsplit(":", 1)[1])))
+    stuck.sendall(f"GET /live/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {WORKERS_TOKEN}\r\n\r\n".encode())
+    page = page_of(browser, workers_proxy)
     try:
-        produce_on_new_connections(proxy, topic, CONNECTIONS, "beside a stuck viewer")
-        wait_until(lambda: len([r for r in produce_rows(page, topic)]) >= CONNECTIONS,
+        produce_on_new_connections(workers_proxy, workers_topic, CONNECTIONS, "beside a stuck viewer")
+        wait_until(lambda: len([r for r in produce_rows(page, workers_topic)]) >= CONNECTIONS,
                    "every Produce row beside a stuck viewer")
         assert page.errors == [], (page.errors, page.refused)
     finally:
@@ -125,14 +124,14 @@ def test_a_slow_viewer_of_the_merged_stream_slows_no_one(browser, proxy, topic):
         stuck.close()
 
 
-def test_a_restarted_worker_rejoins_the_page(browser, proxy, topic, tmp_path):
-    page = page_of(browser, proxy)
+def test_a_restarted_worker_rejoins_the_page(browser, workers_proxy, workers_topic, tmp_path):
+    page = page_of(browser, workers_proxy)
     try:
-        victim = proxy.workers()[1]
-        produce_on_new_connections(proxy, topic, CONNECTIONS, "before the kill")
-        wait_until(lambda: any(r["pid"] == str(victim["pid"]) for r in produce_rows(page, topic)),
+        victim = workers_proxy.workers()[1]
+        produce_on_new_connections(workers_proxy, workers_topic, CONNECTIONS, "before the kill")
+        wait_until(lambda: any(r["pid"] == str(victim["pid"]) for r in produce_rows(page, workers_topic)),
                    "a row of worker 1")
-        old_row = next(r for r in produce_rows(page, topic) if r["pid"] == str(victim["pid"]))
+        old_row = next(r for r in produce_rows(page, workers_topic) if r["pid"] == str(victim["pid"]))
         # While it does not answer the page says whose connections are missing. Frozen
         # (SIGSTOP) rather than dead for this: a dead worker is back within ~1 s, which a
         # page refreshing its overview every 2 s may never see.
@@ -143,21 +142,21 @@ def test_a_restarted_worker_rejoins_the_page(browser, proxy, topic, tmp_path):
         os.kill(victim["pid"], signal.SIGKILL)
 
         def restarted():
-            worker = proxy.workers()[1]
+            worker = workers_proxy.workers()[1]
             return worker if worker["state"] == "serving" and worker["pid"] != victim["pid"] else None
         wait_until(restarted, "worker 1 restarted")
         new_pid = str(restarted()["pid"])
         deadline = time.monotonic() + WAIT_MS / 1000
-        while not any(r["pid"] == new_pid for r in produce_rows(page, topic)):
+        while not any(r["pid"] == new_pid for r in produce_rows(page, workers_topic)):
             assert time.monotonic() < deadline, "no row of the restarted worker on the page"
-            produce_on_new_connections(proxy, topic, 4, "after the restart")
+            produce_on_new_connections(workers_proxy, workers_topic, 4, "after the restart")
             time.sleep(0.5)
         page.wait_for_selector("[data-testid=notice]", state="hidden", timeout=WAIT_MS)
         wait_until(lambda: "not answering" not in page.inner_text("#window-note"), "the overview whole again")
         page.screenshot(path=str(tmp_path / "live-workers-rejoined.png"))
 
         # A pair of the killed process is not confused with the new one's pair of that id.
-        status, body = proxy.get(f"/live/pairs/{old_row['id']}?pid={victim['pid']}")
+        status, body = workers_proxy.get(f"/live/pairs/{old_row['id']}?pid={victim['pid']}")
         assert status == 404 and "restarted" in json.loads(body)["error"], body
         assert page.errors == [], (page.errors, page.refused)
     finally:

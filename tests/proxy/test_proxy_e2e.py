@@ -14,26 +14,11 @@ import uuid
 
 import pytest
 
-from kproxy.protocol.connection import Connection, ResponseReceived
+from kproxy.protocol.connection import ResponseReceived
 from tests.proxy.harness import ProxyThread
 
 pytestmark = pytest.mark.broker
 
-
-
-@pytest.fixture
-def client_bytes(monkeypatch):
-    """Every byte kproxy forwards to clients (what relay_broker hands the relay to write)."""
-    seen = []
-    original = Connection.relay_broker
-
-    def recording(self, data):
-        events, out = original(self, data)
-        seen.extend(bytes(chunk) for chunk in out)
-        return events, out
-
-    monkeypatch.setattr(Connection, "relay_broker", recording)
-    return seen
 
 
 @pytest.fixture

@@ -42,12 +42,10 @@ from kproxy.proxy.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
 from tests.proxy.certs import SNI_DOMAIN, make_pki, openssl_available
 from tests.proxy import test_rewrite
 from tests.proxy.harness import ProxyThread, Traffic, wait_for
-from tests.proxy.test_cluster import (  # noqa: F401 - cluster3, tls_cluster: fixtures
+from tests.proxy.test_cluster import (
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
-    assert_no_upstream_address, cluster3, create_topic, leads_again, port_free_on, stop_partition_0_leader,
-    tls_cluster,
+    assert_no_upstream_address, create_topic, leads_again, port_free_on, stop_partition_0_leader,
     topic_name, upstream_addresses)
-from tests.proxy.test_proxy_e2e import client_bytes  # noqa: F401 - a fixture
 
 TEMPLATE = f"broker-{{node_id}}.{SNI_DOMAIN}"
 BOOTSTRAP_NAME = f"bootstrap.{SNI_DOMAIN}"

@@ -19,173 +19,55 @@ import uuid
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from kproxy.embedded import recv_exactly
-from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
-from kproxy.protocol.records import Record, build_batch
-from tests.proxy.harness import KproxyProcess, children_of, exited, free_ports, silent_port
+from kproxy.protocol import Struct, new_body
+from tests.proxy.harness import WORKERS_TOKEN, Workers, children_of, exited, silent_port, value
+from tests.proxy.wire import WitnessClient
 
 pytestmark = pytest.mark.broker
 
-TOKEN = "workers-test-token-0123456789abcdef"
 START_TIMEOUT_S = 60.0
 # Connections opened to show the kernel spreads them: all on one of two workers by chance
 # has odds 2 x 2^-16.
 SPREAD_CONNECTIONS = 16
 
 
-class Workers(KproxyProcess):
-    """A ``kproxy run --workers N`` process (``KproxyProcess``) and the calls a test makes to it."""
-
-    def __init__(self, upstream: str, node_ids: list[int], tmp: Path, workers: int = 2,
-                 listen_port: int | None = None, ready: str | None = "/readyz"):
-        listen, admin, probes, *broker_ports = free_ports(3 + len(node_ids))
-        self.capture_root = tmp / "captures"
-        super().__init__(tmp, ready=ready, env={"KPROXY_ADMIN_TOKEN": TOKEN},
-                         upstream=upstream, workers=workers, listen=f"127.0.0.1:{listen_port or listen}",
-                         admin_listen=f"127.0.0.1:{admin}", probe_listen=f"127.0.0.1:{probes}",
-                         broker_port_rule="map", broker_port_map=dict(zip(node_ids, broker_ports)),
-                         shutdown_timeout=10, capture_root=str(self.capture_root))
-
-    def call(self, path: str, body: dict | None = None, token: str | None = TOKEN,
-             base: str | None = None) -> tuple[int, bytes]:
-        request = urllib.request.Request((base or self.admin_url) + path,
-                                         data=None if body is None else json.dumps(body).encode(),
-                                         method="GET" if body is None else "POST")
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=20) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
-
-    get = call
-
-    def metrics(self, base: str | None = None) -> dict[tuple, float]:
-        status, text = self.call("/metrics", base=base)
-        assert status == 200, text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for f in text_string_to_metric_families(text.decode()) for s in f.samples}
-
-    def workers(self) -> list[dict]:
-        return json.loads(self.call("/workers")[1])["workers"]
-
-    def per_worker_metrics(self) -> list[dict[tuple, float]]:
-        """Each worker's own exposition, from its private admin listener."""
-        return [self.metrics(base=f"http://127.0.0.1:{w['admin_port']}") for w in self.workers()]
-
-
-def value(samples, name, **labels) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
 def total(samples, name) -> float:
     return sum(v for (n, _), v in samples.items() if n == name)
 
 
-@pytest.fixture(scope="module")
-def node_ids(kafka_cluster) -> list[int]:
-    return [node.node_id for node in kafka_cluster.nodes]
-
-
-@pytest.fixture(scope="module")
-def proxy(kafka_cluster, node_ids, tmp_path_factory):
-    with Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path_factory.mktemp("workers")) as workers:
-        yield workers
-    assert workers.returncode == 0, workers.log_text()
-
-
-@pytest.fixture(scope="module")
-def topic(proxy) -> str:
-    name = f"workers-{uuid.uuid4().hex[:8]}"
-    with RawClient(proxy.bootstrap) as client:
-        client.create(name)
-    return name
-
-
-class RawClient:
-    """One connection, requests sent one at a time: every request and byte accounted for."""
-
-    def __init__(self, bootstrap: str):
-        host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=30)
-        self.correlation_id = 0
-        self.sent = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.sock.close()
-
-    def send(self, api_key: int, version: int, body):
-        self.correlation_id += 1
-        payload = encode_request(Request(api_key, version, self.correlation_id, "raw-witness", body))
-        self.sock.sendall(len(payload).to_bytes(4, "big") + payload)
-        self.sent += 4 + len(payload)
-        return self.correlation_id
-
-    def receive(self, api_key: int, version: int):
-        frame = recv_exactly(self.sock, int.from_bytes(recv_exactly(self.sock, 4), "big"))
-        return decode_response(frame, api_key, version)
-
-    def request(self, api_key: int, version: int, body):
-        correlation_id = self.send(api_key, version, body)
-        response = self.receive(api_key, version)
-        assert response.correlation_id == correlation_id
-        return response.body
-
-    def create(self, topic: str) -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:      # auto-created, then a leader elected
-            metadata = self.request(3, 12, new_body("request", 3, 12, topics=[Struct(name=topic)],
-                                                    allow_auto_topic_creation=True))
-            if metadata.topics[0].error_code == 0 and metadata.topics[0].partitions:
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"{topic} not created")
-
-    def produce(self, topic: str, value: bytes) -> None:
-        batch = build_batch([Record(0, int(time.time() * 1000), None, value, ())], "none")
-        body = self.request(0, 9, new_body("request", 0, 9, acks=1, timeout_ms=5000, topic_data=[
-            Struct(name=topic, partition_data=[Struct(index=0, records=batch)])]))
-        assert body.responses[0].partition_responses[0].error_code == 0
-
-
-def test_connections_spread_over_both_workers(proxy):
-    sockets = [socket.create_connection(("127.0.0.1", proxy.listen_port), timeout=10)
+def test_connections_spread_over_both_workers(workers_proxy):
+    sockets = [socket.create_connection(("127.0.0.1", workers_proxy.listen_port), timeout=10)
                for _ in range(SPREAD_CONNECTIONS)]
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             open_now = [value(m, "kproxy_connections_open", listener="bootstrap")
-                        for m in proxy.per_worker_metrics()]
+                        for m in workers_proxy.per_worker_metrics()]
             if sum(open_now) == SPREAD_CONNECTIONS:
                 break
             time.sleep(0.1)
         assert sum(open_now) == SPREAD_CONNECTIONS
         assert len(open_now) == 2 and min(open_now) > 0, open_now         # the kernel used both
-        merged = proxy.metrics()
+        merged = workers_proxy.metrics()
         assert value(merged, "kproxy_connections_open", listener="bootstrap") == SPREAD_CONNECTIONS
     finally:
         for s in sockets:
             s.close()
 
 
-def test_summed_metrics_equal_what_raw_clients_sent(proxy, topic):
-    before = proxy.metrics()
+def test_summed_metrics_equal_what_raw_clients_sent(workers_proxy, workers_topic):
+    before = workers_proxy.metrics()
     clients, produces = 8, 5
     sent = 0
     for i in range(clients):
-        with RawClient(proxy.bootstrap) as client:
+        with WitnessClient(workers_proxy.bootstrap) as client:
             for j in range(produces):
-                client.produce(topic, b"raw %d %d" % (i, j))
+                client.produce(workers_topic, b"raw %d %d" % (i, j))
             sent += client.sent
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:           # a close is counted once kproxy has seen it
-        after = proxy.metrics()
+        after = workers_proxy.metrics()
         if value(after, "kproxy_connections_open", listener="bootstrap") == 0:
             break
         time.sleep(0.1)
@@ -194,7 +76,7 @@ def test_summed_metrics_equal_what_raw_clients_sent(proxy, topic):
     assert delta("kproxy_produced_records_total") == clients * produces
     assert delta("kproxy_client_received_bytes_total") == sent
     assert delta("kproxy_connections_opened_total", listener="bootstrap") == clients
-    per_worker = [value(m, "kproxy_requests_total", api="Produce") for m in proxy.per_worker_metrics()]
+    per_worker = [value(m, "kproxy_requests_total", api="Produce") for m in workers_proxy.per_worker_metrics()]
     assert sum(per_worker) == value(after, "kproxy_requests_total", api="Produce")
     assert value(after, "kproxy_workers") == 2 and value(after, "kproxy_workers_up") == 2
     from kproxy.observers.metrics import SupervisorMetrics     # every supervisor series is served
@@ -203,20 +85,20 @@ def test_summed_metrics_equal_what_raw_clients_sent(proxy, topic):
     assert ("process_resident_memory_bytes", (("worker", "1"),)) in after
 
 
-def test_produce_and_consume_through_both_workers_lose_nothing(proxy, topic):
+def test_produce_and_consume_through_both_workers_lose_nothing(workers_proxy, workers_topic):
     from confluent_kafka import Consumer, Producer
     count = 2000
-    producer = Producer({"bootstrap.servers": proxy.bootstrap, "linger.ms": 5})
+    producer = Producer({"bootstrap.servers": workers_proxy.bootstrap, "linger.ms": 5})
     delivered = []
     for i in range(count):
-        producer.produce(topic, value=b"m%05d" % i,
+        producer.produce(workers_topic, value=b"m%05d" % i,
                          on_delivery=lambda err, msg: delivered.append(err is None))
     assert producer.flush(30) == 0
     assert len(delivered) == count and all(delivered)
-    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+    consumer = Consumer({"bootstrap.servers": workers_proxy.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
                          "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
                          "fetch.queue.backoff.ms": 10})
-    consumer.subscribe([topic])
+    consumer.subscribe([workers_topic])
     seen = set()
     deadline = time.monotonic() + 60
     try:
@@ -229,40 +111,40 @@ def test_produce_and_consume_through_both_workers_lose_nothing(proxy, topic):
     assert seen == {b"m%05d" % i for i in range(count)}
 
 
-def test_health_readiness_and_the_live_page_name_every_worker(proxy):
-    status, body = proxy.get("/readyz")
+def test_health_readiness_and_the_live_page_name_every_worker(workers_proxy):
+    status, body = workers_proxy.get("/readyz")
     assert status == 200 and b"worker 0:" in body and b"worker 1:" in body
-    assert proxy.get("/healthz")[0] == 200
+    assert workers_proxy.get("/healthz")[0] == 200
     for path in ("/readyz", "/healthz"):       # the probe port is the supervisor's alone
-        status, body = proxy.get(path, token=None, base=proxy.probe_url)
+        status, body = workers_proxy.get(path, token=None, base=workers_proxy.probe_url)
         assert status == 200 and b"worker 0:" in body and b"worker 1:" in body, body
     # A slot per worker on the probe board, each posted by its own worker.
-    body = proxy.get("/healthz", token=None, base=proxy.probe_url)[1].decode()
-    assert body == "".join(f"worker {w['index']}: ok (pid {w['pid']})\n" for w in proxy.workers()), body
-    assert proxy.get("/live/overview", token=None)[0] == 401
-    status, body = proxy.get("/live/overview")                  # merged from both (no notice)
+    body = workers_proxy.get("/healthz", token=None, base=workers_proxy.probe_url)[1].decode()
+    assert body == "".join(f"worker {w['index']}: ok (pid {w['pid']})\n" for w in workers_proxy.workers()), body
+    assert workers_proxy.get("/live/overview", token=None)[0] == 401
+    status, body = workers_proxy.get("/live/overview")                  # merged from both (no notice)
     assert status == 200 and json.loads(body)["workers"] == 2 and "notice" not in json.loads(body)
-    assert proxy.get("/")[0] == 200                              # the page itself
-    stream = urllib.request.Request(proxy.admin_url + "/live/stream",
-                                    headers={"Authorization": f"Bearer {TOKEN}"})
+    assert workers_proxy.get("/")[0] == 200                              # the page itself
+    stream = urllib.request.Request(workers_proxy.admin_url + "/live/stream",
+                                    headers={"Authorization": f"Bearer {WORKERS_TOKEN}"})
     with urllib.request.urlopen(stream, timeout=20) as response:  # server-sent events, merged
         assert response.headers["Content-Type"] == "text/event-stream"
         assert response.readline().startswith(b"event: status")
 
 
-def test_capture_writes_per_worker_files_the_pipeline_reads_together(proxy, topic):
+def test_capture_writes_per_worker_files_the_pipeline_reads_together(workers_proxy, workers_topic):
     import pyarrow.parquet as pq
     from kproxy.pipeline.source import resolve_inputs
-    assert proxy.call("/capture/start", {"formats": ["parquet"]}, token=None)[0] == 401
-    status, body = proxy.call("/capture/start", {"directory": "run1", "formats": ["parquet"]})
+    assert workers_proxy.call("/capture/start", {"formats": ["parquet"]}, token=None)[0] == 401
+    status, body = workers_proxy.call("/capture/start", {"directory": "run1", "formats": ["parquet"]})
     assert status == 200, body
     assert json.loads(body)["state"] == "running"
     for i in range(SPREAD_CONNECTIONS):
-        with RawClient(proxy.bootstrap) as client:
-            client.produce(topic, b"captured %d" % i)
-    status, body = proxy.call("/capture/stop", {})
+        with WitnessClient(workers_proxy.bootstrap) as client:
+            client.produce(workers_topic, b"captured %d" % i)
+    status, body = workers_proxy.call("/capture/stop", {})
     assert status == 200 and json.loads(body)["state"] == "stopped", body
-    directory = proxy.capture_root / "run1"
+    directory = workers_proxy.capture_root / "run1"
     names = sorted(p.name for p in directory.glob("*.parquet"))
     assert any("-w0-" in n for n in names) and any("-w1-" in n for n in names), names
     inputs = resolve_inputs([str(directory)])
@@ -282,52 +164,52 @@ def test_capture_writes_per_worker_files_the_pipeline_reads_together(proxy, topi
     assert summary["apis"]["Produce"]["pairs"] == summary["connections"] == SPREAD_CONNECTIONS
 
 
-def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(proxy, topic):
-    before = proxy.metrics()
-    victim = proxy.workers()[1]
+def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(workers_proxy, workers_topic):
+    before = workers_proxy.metrics()
+    victim = workers_proxy.workers()[1]
     os.kill(victim["pid"], signal.SIGKILL)
     # Connections the kernel had queued for the dead worker die with it (as with one process);
     # once the supervisor has seen it go, every new connection reaches the other worker.
     deadline = time.monotonic() + 10
-    while proxy.workers()[1]["state"] == "serving" and time.monotonic() < deadline:
+    while workers_proxy.workers()[1]["state"] == "serving" and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert proxy.workers()[1]["state"] == "restarting"
+    assert workers_proxy.workers()[1]["state"] == "restarting"
     # Its probe slot was reset as it died: no answer in the dead worker's name, and no
     # stall to restart the pod for (a worker being restarted is the supervisor's job).
-    status, body = proxy.get("/healthz", token=None, base=proxy.probe_url)
+    status, body = workers_proxy.get("/healthz", token=None, base=workers_proxy.probe_url)
     assert status == 200 and f"pid {victim['pid']}" not in body.decode(), body
     for i in range(10):                           # the other worker serves meanwhile
-        with RawClient(proxy.bootstrap) as client:
-            client.produce(topic, b"during restart %d" % i)
+        with WitnessClient(workers_proxy.bootstrap) as client:
+            client.produce(workers_topic, b"during restart %d" % i)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        worker = proxy.workers()[1]
+        worker = workers_proxy.workers()[1]
         if worker["state"] == "serving" and worker["pid"] != victim["pid"]:
             break
         time.sleep(0.2)
     assert worker["state"] == "serving" and worker["restarts"] == 1, worker
     assert "SIGKILL" in worker["last_exit"]
-    status, body = proxy.get("/healthz", token=None, base=proxy.probe_url)      # its successor posts
+    status, body = workers_proxy.get("/healthz", token=None, base=workers_proxy.probe_url)      # its successor posts
     assert status == 200 and f"worker 1: ok (pid {worker['pid']})" in body.decode(), body
-    after = proxy.metrics()
+    after = workers_proxy.metrics()
     assert value(after, "kproxy_worker_restarts_total") == 1
     # What the dead worker had counted stays in the sum: the counter does not go back.
     assert value(after, "kproxy_requests_total", api="Produce") >= \
         value(before, "kproxy_requests_total", api="Produce") + 10
-    assert proxy.get("/readyz")[0] == 200
-    assert "died after" in proxy.log_text()
+    assert workers_proxy.get("/readyz")[0] == 200
+    assert "died after" in workers_proxy.log_text()
 
 
-def test_sigterm_drains_a_request_in_flight_then_exits_zero(kafka_cluster, node_ids, tmp_path, topic):
+def test_sigterm_drains_a_request_in_flight_then_exits_zero(kafka_cluster, node_ids, tmp_path, workers_topic):
     with Workers(kafka_cluster.bootstrap_servers, node_ids, tmp_path) as workers:
-        with RawClient(workers.bootstrap) as client:
-            client.produce(topic, b"before the long poll")
+        with WitnessClient(workers.bootstrap) as client:
+            client.produce(workers_topic, b"before the long poll")
             # A long poll past the end of the partition: the broker answers after max_wait_ms.
             offsets = client.request(2, 1, new_body("request", 2, 1, replica_id=-1, topics=[
-                Struct(name=topic, partitions=[Struct(partition_index=0, timestamp=-1)])]))
+                Struct(name=workers_topic, partitions=[Struct(partition_index=0, timestamp=-1)])]))
             end = offsets.topics[0].partitions[0].offset
             fetch = new_body("request", 1, 4, replica_id=-1, max_wait_ms=2000, min_bytes=1,
-                             max_bytes=1 << 20, topics=[Struct(topic=topic, partitions=[
+                             max_bytes=1 << 20, topics=[Struct(topic=workers_topic, partitions=[
                                  Struct(partition=0, fetch_offset=end, partition_max_bytes=1 << 20)])])
             correlation_id = client.send(1, 4, fetch)
             time.sleep(0.3)                        # the Fetch is with the broker

@@ -21,7 +21,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from kproxy.embedded import recv_exactly
 from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
+from kproxy.protocol.records import Record, build_batch
 from tests.proxy.harness import ProxyThread
 
 API_VERSIONS, METADATA, FETCH = 18, 3, 1
@@ -193,3 +195,51 @@ def create_topic(bootstrap: str, partitions: int = 1) -> str:
     futures[topic].result(ADMIN_TIMEOUT_S)
     return topic
 
+
+class WitnessClient:
+    """One connection, requests sent one at a time: every request and byte accounted for."""
+
+    def __init__(self, bootstrap: str):
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.correlation_id = 0
+        self.sent = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+    def send(self, api_key: int, version: int, body):
+        self.correlation_id += 1
+        payload = encode_request(Request(api_key, version, self.correlation_id, "raw-witness", body))
+        self.sock.sendall(len(payload).to_bytes(4, "big") + payload)
+        self.sent += 4 + len(payload)
+        return self.correlation_id
+
+    def receive(self, api_key: int, version: int):
+        frame = recv_exactly(self.sock, int.from_bytes(recv_exactly(self.sock, 4), "big"))
+        return decode_response(frame, api_key, version)
+
+    def request(self, api_key: int, version: int, body):
+        correlation_id = self.send(api_key, version, body)
+        response = self.receive(api_key, version)
+        assert response.correlation_id == correlation_id
+        return response.body
+
+    def create(self, topic: str) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:      # auto-created, then a leader elected
+            metadata = self.request(3, 12, new_body("request", 3, 12, topics=[Struct(name=topic)],
+                                                    allow_auto_topic_creation=True))
+            if metadata.topics[0].error_code == 0 and metadata.topics[0].partitions:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"{topic} not created")
+
+    def produce(self, topic: str, value: bytes) -> None:
+        batch = build_batch([Record(0, int(time.time() * 1000), None, value, ())], "none")
+        body = self.request(0, 9, new_body("request", 0, 9, acks=1, timeout_ms=5000, topic_data=[
+            Struct(name=topic, partition_data=[Struct(index=0, records=batch)])]))
+        assert body.responses[0].partition_responses[0].error_code == 0
