@@ -962,7 +962,6 @@ class Connection:
         waiting = self._broker_waiting
         events: list[Event] = []
         held: list[bool] = []
-        hold = self._hold
         any_held = False
         for frame in frames:
             if frame.__class__ is StreamedFrame:
@@ -973,8 +972,7 @@ class Connection:
                 event = self._response(frame, now)
             # A frame whose first bytes already went out (the first, if any passed) cannot
             # be held back any more.
-            is_held = (hold is not None and event.__class__ is ResponseReceived
-                       and hold(event.request_event.api_key, event.request_event.api_version)
+            is_held = (event.__class__ is ResponseReceived and self._held(event.request_event)
                        and not (passed and not events))
             events.append(event)
             held.append(is_held)
