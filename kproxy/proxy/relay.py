@@ -618,25 +618,13 @@ class Relay:
             return
         try:
             if endpoint is self.client:
-                if self.tracker.fills_request(data):
-                    # More of a large request, read where it is assembled: forwarded at
-                    # once, nothing to observe yet; the budget as for a held answer below.
-                    self.broker.transport.write(data)
-                    self.bytes_from_client += len(data)
-                    self.last_active = time.monotonic()
-                    endpoint.read_limit = READ_CHUNK
-                    return
-                self._from_client(data)
-            elif self.tracker.fills_held_answer(data):
-                # More of a held answer, read where it belongs: nothing to forward or observe
-                # yet. The budget counted its bytes when it began (the rest as reserved), and
-                # hears of it again when it completes: pausing this read would free nothing.
-                self.bytes_from_broker += len(data)
-                self.last_active = time.monotonic()
-                return
+                filled = self._from_client(data)
             else:
-                self._from_broker(data)
-            if self.close_reason is None:
+                filled = self._from_broker(data)
+            # A read that only filled a frame assembled in a buffer allocated whole changes
+            # nothing the budget counts: it counted the frame (the rest as reserved) when it
+            # began, and hears of it again when it completes; pausing such reads frees nothing.
+            if self.close_reason is None and not filled:
                 held, reserved = self.tracker.holding(endpoint.side)
                 if held != endpoint.held:
                     self.budget.update(endpoint, held)
@@ -647,23 +635,30 @@ class Relay:
             log.exception("conn=%d relaying failed", self.info.id if self.info else 0)
             self.finish(f"internal error: {type(exc).__name__}: {exc}")
 
-    def _from_client(self, data: memoryview) -> None:
-        try:
-            # Framed before forwarding (cheap: decoding is lazy) so that an oversized or
-            # negative size prefix, or a request whose answer cannot be predicted, closes
-            # the connection before the broker sees any of it.
-            events = self.tracker.receive_client(data)
-        except ProtocolViolation as exc:
-            reply = getattr(exc, "reply", b"")      # e.g. a TLS alert: tell the client why
-            if reply:
-                self.client.transport.write(reply)
-            self.finish(str(exc))
-            return
+    def _from_client(self, data: memoryview) -> bool:
+        """Forward a read from the client; True when it only filled the large request being
+        assembled in place (no frame ends: nothing to observe, no deadline to change)."""
+        tracker = self.tracker
+        filled = tracker.fills_request(data)
+        if not filled:
+            try:
+                # Framed before forwarding (cheap: decoding is lazy) so that an oversized or
+                # negative size prefix, or a request whose answer cannot be predicted, closes
+                # the connection before the broker sees any of it.
+                events = tracker.receive_client(data)
+            except ProtocolViolation as exc:
+                reply = getattr(exc, "reply", b"")      # e.g. a TLS alert: tell the client why
+                if reply:
+                    self.client.transport.write(reply)
+                self.finish(str(exc))
+                return False
         self.broker.transport.write(data)
         self.bytes_from_client += len(data)
         self.last_active = time.monotonic()
-        tracker = self.tracker
         client = self.client
+        if filled:
+            client.read_limit = READ_CHUNK
+            return True
         if tracker.in_flight >= MAX_IN_FLIGHT_PER_CONNECTION:
             client.pause("requests in flight")
         client.read_limit = PIPELINED_READ_BYTES if len(events) > OBSERVER_EVENTS_PER_STEP else READ_CHUNK
@@ -677,19 +672,24 @@ class Relay:
                 f"request not complete {REQUEST_DEADLINE_S:g}s after its first byte")
         if events:
             self._observe(events)
+        return False
 
-    def _from_broker(self, data: memoryview) -> None:
+    def _from_broker(self, data: memoryview) -> bool:
+        """Forward what of a read from the broker can go now; True when it only filled the
+        held answer being assembled in place (nothing to forward or observe yet)."""
         self.bytes_from_broker += len(data)
         self.last_active = time.monotonic()
         tracker = self.tracker
+        if tracker.fills_held_answer(data):
+            return True
         try:
             events, out = tracker.relay_broker(data)
         except ProtocolViolation as exc:
             self.finish(str(exc))
-            return
+            return False
         except RewriteFailed as exc:
             self.finish(f"rewrite failed, closing rather than leak an address: {exc}")
-            return
+            return False
         transport = self.client.transport
         if len(out) == 1:
             transport.write(out[0])
@@ -703,6 +703,7 @@ class Relay:
             self._observe(events)
         if self.client_done_sending and not tracker.in_flight:
             self.finish("client closed, its answers delivered")
+        return False
 
     def _observe(self, events: list) -> None:
         """Give events to the observers: at once, or a step per turn of the loop if many."""
