@@ -133,7 +133,20 @@ def start_serving(argv: list[str], address: str, what: str, **popen) -> subproce
     return process
 
 
-class KproxyPath:
+class _Path:
+    """What the rounds ask of every path: a process serving for a round (already running
+    for those started once), and its CPU seconds so far."""
+
+    pid: int | None = None
+
+    def serving(self):
+        return contextlib.nullcontext()
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+
+class KproxyPath(_Path):
     """kproxy (the tree this file is in, or another checkout) in its own process."""
 
     def __init__(self, label: str, upstream: str, tree: Path | None = None):
@@ -153,7 +166,7 @@ class KproxyPath:
         self.proxy.__exit__()
 
 
-class KafkaProxyPath:
+class KafkaProxyPath(_Path):
     """grepplabs/kafka-proxy, one mapping for the one broker."""
 
     def __init__(self, label: str, upstream: str, binary: Path, buffer_bytes: int | None):
@@ -179,7 +192,7 @@ class KafkaProxyPath:
         stop_process(self.process)
 
 
-class KroxyliciousPath:
+class KroxyliciousPath(_Path):
     """Kroxylicious, a pass-through virtual cluster; node n at bootstrap port + 1 + n."""
 
     def __init__(self, label: str, upstream: str, home: Path, workdir: Path):
@@ -244,7 +257,7 @@ def _free_port_run(n: int) -> int:
     raise RuntimeError("no run of free ports")
 
 
-class RelayPath:
+class RelayPath(_Path):
     """A Kafka-blind relay (the floor) on the port the broker advertises, started for the
     phases of its rounds only (another takes the port in turn). Its CPU is read from
     ``/proc/<pid>/stat``, which keeps the time of threads that ended: the splice relay's
@@ -275,13 +288,12 @@ class RelayPath:
             stop_process(self.process)
             self.process = None
 
-    def cpu_seconds(self) -> float:
+    def cpu_seconds(self) -> float:          # /proc/<pid>/stat: ended threads' time kept
         return sum(user_system_seconds(self.pid))
 
 
-class DirectPath:
+class DirectPath(_Path):
     label = "direct"
-    pid = None
 
     def __init__(self, upstream: str):
         self.bootstrap = upstream
@@ -410,7 +422,7 @@ def run(args) -> dict:
             for r in range(args.rounds):
                 order = paths[r % len(paths):] + paths[:r % len(paths)]
                 for path in order:
-                    with path.serving() if isinstance(path, RelayPath) else contextlib.nullcontext():
+                    with path.serving():
                         run_round(path, r, results["paths"][path.label]["rounds"], sizes, topics, args)
             for path in paths:
                 if path.pid:
@@ -425,7 +437,6 @@ def run(args) -> dict:
 def run_round(path, r: int, rounds: dict, sizes: dict, topics: dict, args) -> None:
     """One path's round: the throughput phases, then the latency sends."""
     print(f"round {r + 1}/{args.rounds}: {path.label}", file=sys.stderr)
-    used_cpu = path.cpu_seconds if isinstance(path, RelayPath) else lambda: cpu_seconds(path.pid)
     cpu = 0.0
     moved_mb = 0.0
     user_before = user_system_seconds(path.pid)[0] if path.pid else 0.0
@@ -433,7 +444,7 @@ def run_round(path, r: int, rounds: dict, sizes: dict, topics: dict, args) -> No
         op, size_key = phase.split("_")
         size, records = sizes[size_key]
         topic = topics[(path.label, r, size_key)]
-        before = used_cpu() if path.pid else 0.0
+        before = path.cpu_seconds() if path.pid else 0.0
         if op == "produce":
             seconds = produce(path.bootstrap, topic, records, size)
         else:
@@ -441,7 +452,7 @@ def run_round(path, r: int, rounds: dict, sizes: dict, topics: dict, args) -> No
         mb = records * size / 1e6
         rounds.setdefault(f"{phase}_mb_s", []).append(mb / seconds)
         if path.pid:
-            used = used_cpu() - before
+            used = path.cpu_seconds() - before
             cpu += used
             moved_mb += mb
             if used < BYPASS_CPU_S_PER_MB * mb:
