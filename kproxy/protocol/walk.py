@@ -71,13 +71,16 @@ def _compile(spec: MessageSpec, version: int) -> Walker | None:
 def error_walker(kind: str, api_key: int, version: int) -> Walker | None:
     """The walker of a (message, version): ``walker(body, out)`` appends every non-zero error
     code in ``body`` to ``out``; None when the message cannot hold one (or is unknown).
-    Compiled once; callers that keep it skip ``error_codes``' lookup per body."""
+    Compiled once per (message, version) the schema defines; callers that keep it skip
+    ``error_codes``' lookup per body."""
     key = (kind, api_key, version)
     try:
         return _WALKERS[key]
     except KeyError:
         spec = (REQUESTS if kind == "request" else RESPONSES).get(api_key)
-        walker = _WALKERS[key] = _compile(spec, version) if spec is not None and spec.has_version(version) else None
+        if spec is None or not spec.has_version(version):
+            return None                  # not cached: a peer may name any of 65,536 versions
+        walker = _WALKERS[key] = _compile(spec, version)
         return walker
 
 

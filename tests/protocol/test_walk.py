@@ -4,7 +4,8 @@ import itertools
 
 from kproxy.protocol import Struct, schema
 from kproxy.protocol._codec import _in
-from kproxy.protocol.walk import _is_error_field, error_codes
+from kproxy.protocol import walk
+from kproxy.protocol.walk import _is_error_field, error_codes, error_walker
 
 
 def present(rows, version):
@@ -58,3 +59,16 @@ def test_every_message_version_walks_as_the_plain_recursive_walk():
                 assert error_codes(kind, api_key, version, body) == expected, (spec.name, version)
                 walked += bool(expected)
     assert walked > 100
+
+
+def test_versions_and_apis_the_schema_does_not_define_are_walked_as_nothing_and_not_kept():
+    """A peer may name any of 65,536 versions and API keys: asking about them must not grow
+    the walkers kept (one per (message, version) the schema defines)."""
+    produce = Struct(responses=[Struct(partition_responses=[Struct(error_code=6)])])
+    assert error_codes("response", 0, 10, produce) == [6]
+    kept = len(walk._WALKERS)
+    for version in range(1000, 1100):
+        assert error_walker("response", 0, version) is None
+        assert error_codes("response", 0, version, produce) == []
+        assert error_walker("request", 30000 + version, 0) is None
+    assert len(walk._WALKERS) == kept
