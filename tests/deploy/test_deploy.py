@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import fnmatch
 import json
 import logging
 import os
@@ -35,14 +34,13 @@ from kproxy.observers.metrics import CLOSE_REASONS, SNI_REFUSAL_REASONS, Metrics
 from kproxy.protocol.tls_failures import HANDSHAKE_FAILURES
 from kproxy.protocol import schema
 from kproxy.runtime import Runtime      # imported before run_kproxy() stubs it out
+from tests.deploy.image import (DEPLOY, DOCKERFILE, REPO, base_images, docker_context_excludes,
+                                dockerfile_instructions)
 
-REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy"
 PROMETHEUS = DEPLOY / "prometheus"
 KUBERNETES = DEPLOY / "kubernetes"
 GRAFANA = REPO / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "kproxy.json"
-DOCKERFILE = DEPLOY / "Dockerfile"
 COMPOSE = DEPLOY / "compose.yaml"
 
 JOB = "kproxy"                     # the scrape job name the alerts select on
@@ -86,23 +84,6 @@ def run_promtool(promtool: str, *args: str, cwd: Path | None = None) -> str:
 
 # ---- Dockerfile
 
-def dockerfile_instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    instructions, pending = [], ""
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        word, _, rest = (pending + line).partition(" ")
-        instructions.append((word.upper(), rest.strip()))
-        pending = ""
-    assert not pending, "Dockerfile ends in a continuation line"
-    return instructions
-
-
 def final_stage(instructions) -> list[tuple[str, str]]:
     starts = [i for i, (word, _) in enumerate(instructions) if word == "FROM"]
     return instructions[starts[-1]:]
@@ -140,34 +121,6 @@ def healthcheck_command() -> list[str]:
     _options, sep, command = checks[0].partition("CMD ")
     assert sep, f"HEALTHCHECK without CMD: {checks[0]}"
     return instruction_json(command)
-
-
-# ---- .dockerignore (the subset of Docker's rules it uses: globs per path segment,
-#      a leading **/, ! to re-include, last match wins, a match on a parent counts)
-
-def dockerignore_patterns() -> list[str]:
-    lines = (REPO / ".dockerignore").read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
-
-
-def _segments_match(path: str, pattern: str) -> bool:
-    if pattern.startswith("**/"):
-        parts = path.split("/")
-        return any(_segments_match("/".join(parts[i:]), pattern[3:]) for i in range(len(parts)))
-    names, globs = path.split("/"), pattern.split("/")
-    return len(names) == len(globs) and all(fnmatch.fnmatchcase(n, g) for n, g in zip(names, globs))
-
-
-def docker_context_excludes(path: str) -> bool:
-    parts = path.split("/")
-    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
-    excluded = False
-    for pattern in dockerignore_patterns():
-        negate = pattern.startswith("!")
-        glob = pattern.lstrip("!").strip("/")
-        if any(_segments_match(prefix, glob) for prefix in prefixes):
-            excluded = not negate
-    return excluded
 
 
 # ---- running kproxy's own CLI on a command line from a manifest
@@ -629,20 +582,6 @@ def test_cli_harness_catches_bad_values_and_unknown_flags(monkeypatch, capsys):
 
 
 # ---------------------------------------------------------------- Dockerfile
-
-def base_images() -> list[str]:
-    """The image of each FROM, with the ARGs declared before the first FROM filled in."""
-    instructions = dockerfile_instructions()
-    args = {}
-    for word, rest in instructions:
-        if word == "FROM":
-            break
-        if word == "ARG":
-            key, _, value = rest.partition("=")
-            args[key] = value
-    return [re.sub(r"\$\{?(\w+)\}?", lambda m: args[m[1]], rest.split()[0])
-            for word, rest in instructions if word == "FROM"]
-
 
 def test_dockerfile_base_image_is_slim_python_3_11_or_3_12():
     for image in base_images():

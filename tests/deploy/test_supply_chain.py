@@ -14,8 +14,7 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.deploy.test_deploy import (REPO, base_images, docker_context_excludes,
-                                      dockerfile_instructions)
+from tests.deploy.image import REPO, base_images, docker_context_excludes, dockerfile_instructions
 
 CONSTRAINTS = REPO / "constraints.txt"
 _PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;]+)\s*(;.*)?$")

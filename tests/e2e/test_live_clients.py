@@ -25,9 +25,8 @@ from pathlib import Path
 import pytest
 
 from kproxy.embedded import KAFKA_3_VERSION, KAFKA_4_VERSION
-from tests.protocol.test_golden import (BROKER_RANGES, PRODUCE, api_versions_ranges,
-                                        check_addresses, check_client_ids, check_produce_topics,
-                                        check_records, check_unanswered, decode_pairs)
+from tests.protocol.golden import (BROKER_RANGES, PRODUCE, api_versions_ranges, check_addresses, check_client_ids,
+                                   check_produce_topics, check_records, check_unanswered, decode_pairs)
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:

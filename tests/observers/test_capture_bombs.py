@@ -21,7 +21,7 @@ from kproxy.observers.capture import Capture, CaptureConfig
 from kproxy.observers.capture.redact import MAX_INFLATED_BYTES
 from kproxy.observers.metrics import Metrics
 from prometheus_client import generate_latest
-from tests.observers.test_capture import Link, produce_request, produce_response, read_jsonl
+from tests.observers.captures import Link, produce_request, produce_response, read_jsonl
 
 BOMB_INFLATED_BYTES = 200 * 1024 * 1024
 _CHUNK = 1024 * 1024

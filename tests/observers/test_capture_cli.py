@@ -11,7 +11,7 @@ import pytest
 
 from kproxy.observers.capture import Capture, CaptureConfig
 from kproxy.observers.capture import cli
-from tests.observers.test_capture import Link, files, produce_request, produce_response
+from tests.observers.captures import Link, files, produce_request, produce_response
 
 
 @pytest.fixture(scope="module")

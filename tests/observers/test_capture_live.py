@@ -16,8 +16,7 @@ import pytest
 
 from kproxy.observers.capture import Capture, CaptureConfig
 from kproxy.protocol.connection import RequestReceived, ResponseReceived
-from tests.observers.test_capture import files, read_jsonl, read_parquet
-from tests.observers.test_capture_pcapng import tshark
+from tests.observers.captures import files, read_jsonl, read_parquet, tshark
 from tests.proxy.harness import ProxyThread, free_ports
 
 pytestmark = [

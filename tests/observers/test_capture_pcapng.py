@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
 import struct
-import subprocess
 
 import pytest
 
@@ -12,10 +10,9 @@ from kproxy.observers.capture import Capture, CaptureConfig
 from kproxy.observers.capture import pcapng
 from kproxy.observers.capture.pcapng import MAX_SEGMENT, checksum
 from kproxy.protocol import Struct
-from tests.observers.test_capture import (Link, files, metadata_response, pcap_packets, pcap_streams,
-                                          read_jsonl, records, split_frames)
+from tests.observers.captures import (BROKER_PORT, Link, files, metadata_response, pcap_packets, pcap_streams,
+                                      read_jsonl, records, split_frames, tshark)
 
-BROKER_PORT = 19092          # not 9092: tshark must be told (-d) that this port speaks Kafka
 SECRET = b"RECORD-PAYLOAD-"
 
 
@@ -23,22 +20,6 @@ SECRET = b"RECORD-PAYLOAD-"
 def tcp_checksums(monkeypatch):
     """Off by default (they cost the relay GIL time); on here, where their correctness is checked."""
     monkeypatch.setattr(pcapng, "TCP_CHECKSUMS", True)
-
-
-def tshark(path, *fields, display="kafka", decode_port=BROKER_PORT, options=()):
-    exe = shutil.which("tshark")
-    if exe is None:
-        pytest.fail("tshark is not installed (scripts/setup.sh installs it: apt-get install tshark)",
-                    pytrace=False)
-    args = [exe, "-r", str(path), "-d", f"tcp.port=={decode_port},kafka", "-Y", display, "-T", "fields",
-            "-E", "separator=\t", "-E", "occurrence=a", "-E", "aggregator=,"]
-    for option in options:
-        args += ["-o", option]
-    for field in fields:
-        args += ["-e", field]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return [line.split("\t") for line in done.stdout.splitlines()]
 
 
 def old_version_traffic(link: Link, big: bool = True) -> None:

@@ -22,12 +22,10 @@ from kproxy.protocol import API_KEYS, Request, Response, Struct, encode_request,
 from kproxy.protocol import schema
 from kproxy.protocol.connection import Connection
 from kproxy.proxy.relay import ConnectionInfo
-from tests.observers.test_capture import (Link, framed, produce_request, produce_response, read_jsonl,
-                                          read_parquet)
+from tests.observers.captures import (PASSWORD, V2_COLUMNS, V3_COLUMNS, Link, produce_request, produce_response,
+                                      read_jsonl, read_parquet, sasl_plain, v1_rows)
+from tests.protocol.frames import framed
 
-V2_COLUMNS = ["proxy_instance", "connection_start", "client_software_name", "client_software_version",
-              "group_id", "member_id", "generation"]
-V3_COLUMNS = ["principal"]
 OPENED = 1_700_000_000.25
 INFO = ConnectionInfo(5, ("10.0.0.5", 40000), "broker-1", ("10.0.1.1", 9092), 1, OPENED)
 
@@ -227,17 +225,6 @@ V1_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in V2_COLUMNS + V3_COLUMN
                       metadata={b"kproxy.capture.schema_version": b"1"})
 
 
-def v1_rows():
-    base = dict(capture_version=1, connection_id=1, client_host="10.0.0.1", client_port=5000,
-                listener="bootstrap", upstream_host="10.0.1.1", upstream_port=9092, node_id=None,
-                client_id="billing", outcome="response", latency_ms=1.5, request_size=100, response_size=50,
-                throttle_ms=0, error_count=0, errors=[], topics=["orders"], partition_count=1,
-                record_count=3, record_bytes=90, batch_count=1, compression=["none"],
-                topic_records=[{"topic": "orders", "record_count": 3, "record_bytes": 90}], decode_error=None)
-    return [dict(base, time=1_700_000_000.0 + i, api_key=0, api_name="Produce", api_version=9, correlation_id=i)
-            for i in range(1, 4)]
-
-
 def write_v1(directory):
     rows = v1_rows()
     columns = {name: [r[name] for r in rows] for name in V1_SCHEMA.names}
@@ -290,18 +277,10 @@ def test_stats_lists_client_software_and_reads_v1_and_v2_together(tmp_path):
 
 # ---------------------------------------------------------------- version 3: principal
 
-PASSWORD = b"hunter2-never-written"
-
-
-def sasl_plain(link, user, first_corr=1, accept=True, client_id="app-1"):
-    link.exchange(17, 1, first_corr, dict(mechanism="PLAIN"), dict(mechanisms=["PLAIN"]), client_id=client_id)
-    link.exchange(36, 2, first_corr + 1, dict(auth_bytes=b"\0" + user.encode() + b"\0" + PASSWORD),
-                  dict(error_code=0 if accept else 58, auth_bytes=b""), client_id=client_id)
-
 
 def test_principal_fills_the_rows_after_the_exchange_and_never_the_password(tmp_path):
     import dataclasses
-    from tests.observers.test_capture import all_bytes
+    from tests.observers.captures import all_bytes
     capture = Capture()
     capture.start(CaptureConfig(directory=str(tmp_path), formats=("jsonl", "parquet", "pcapng")))
     sasl = Link(capture, conn_id=1)

@@ -8,35 +8,15 @@ assignment each consumer reports once the group has settled.
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
-from tests.observers.test_metrics_live import sample, scrape
+from tests.observers.metrics import WAIT_S, sample, scrape, unique, wait_for
 from tests.proxy.harness import ProxyThread
 
 pytestmark = pytest.mark.broker
 
-WAIT_S = 60.0
 SESSION_TIMEOUT_MS = 6000
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def wait_for(check, what: str, proxy=None, timeout: float = WAIT_S, poll=None):
-    """Scrape until ``check(samples)`` holds; ``poll()`` keeps clients alive in between."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if poll is not None:
-            poll()
-        m = scrape(proxy)
-        if check(m):
-            return m
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def software_series(m) -> dict[tuple[str, str], float]:

@@ -9,7 +9,8 @@ from prometheus_client import generate_latest
 from kproxy.observers import metrics as metrics_module
 from kproxy.observers.metrics import Metrics
 from kproxy.protocol import Struct, Uuid, encode_request, new_body, Request
-from tests.observers.test_metrics_insight import Client, Clock, framed, samples, value
+from tests.observers.metrics import Client, Clock, samples, value
+from tests.protocol.frames import framed
 
 LAG = "kproxy_consumer_lag_records"
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.observers.test_metrics_insight_live import unique, wait_for
-from tests.observers.test_metrics_live import sample
+from tests.observers.metrics import sample, unique, wait_for
 from tests.proxy.harness import ProxyThread
 
 pytestmark = pytest.mark.broker

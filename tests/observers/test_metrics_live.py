@@ -16,29 +16,14 @@ import urllib.request
 import uuid
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from kproxy.embedded.kafka import run_tool
+from tests.observers.metrics import sample, scrape
 from tests.proxy.harness import ProxyThread, free_port
 
 pytestmark = pytest.mark.broker
 
 SETTLE_TIMEOUT_S = 30.0
-
-
-
-def scrape(proxy) -> dict[tuple[str, tuple], float]:
-    with urllib.request.urlopen(proxy.admin_url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
-
-
-def sample(samples, name, **labels) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import dataclasses
 from prometheus_client import generate_latest
 
 from kproxy.observers.metrics import Metrics
-from tests.observers.test_metrics_insight import Client, Clock, samples, value
+from tests.observers.metrics import Client, Clock, samples, value
 
 REQUESTS = "kproxy_principal_requests_total"
 

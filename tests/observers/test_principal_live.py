@@ -17,9 +17,8 @@ import uuid
 import pytest
 
 from kproxy.observers.capture import CaptureConfig
-from tests.observers.test_capture import read_jsonl, read_parquet
-from tests.observers.test_metrics_insight_live import wait_for
-from tests.observers.test_metrics_live import sample, scrape
+from tests.observers.captures import read_jsonl, read_parquet
+from tests.observers.metrics import sample, wait_for
 from tests.proxy.harness import PASSWORD, SCRAM_USER, ProxyThread, sasl_config, ssl_config
 
 pytestmark = pytest.mark.broker

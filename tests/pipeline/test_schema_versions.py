@@ -12,8 +12,8 @@ import pytest
 from kproxy.observers.capture import SCHEMA_VERSION, Capture, CaptureConfig
 from kproxy.observers.capture.parquet import SCHEMA
 from kproxy.pipeline.source import InputError, check_file, load_capture
-from tests.observers.test_capture import Link, produce_request, produce_response
-from tests.observers.test_capture_schema import V2_COLUMNS, V3_COLUMNS, sasl_plain, v1_rows
+from tests.observers.captures import (V2_COLUMNS, V3_COLUMNS, Link, produce_request, produce_response, sasl_plain,
+                                      v1_rows)
 
 
 def write_old(directory, version: int, columns_left_out: list[str], seq: int):

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from kproxy.protocol import Struct
 from kproxy.protocol.connection import ZERO_COPY_FRAME_BYTES, Connection
 
-from .test_connection import request_bytes, response_bytes
+from tests.protocol.frames import request_bytes, response_bytes
 
 BIG = ZERO_COPY_FRAME_BYTES * 3 // 2
 

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 from kproxy.protocol import Request, encode_request, new_body
 from kproxy.protocol.connection import (Connection, ProtocolViolation, ResponseReceived,
                                         UnpairedResponse, UntrackableRequest)
+from tests.protocol.frames import uvarint
 
 METADATA, PRODUCE, API_VERSIONS = 3, 0, 18
 HELD = METADATA                   # the address-bearing API of these streams
@@ -158,19 +159,6 @@ def broker_outcome(frame: bytes) -> str:
 
 def framed(payload: bytes) -> bytes:
     return struct.pack(">i", len(payload)) + payload
-
-
-def uvarint(value: int, padding: int = 0) -> bytes:
-    """``value`` as an unsigned varint, with ``padding`` extra zero groups (Kafka reads them)."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    for _ in range(padding):
-        out[-1] |= 0x80
-        out.append(0)
-    return bytes(out)
 
 
 @st.composite

@@ -19,8 +19,8 @@ from kproxy.protocol.connection import Connection
 from kproxy.protocol.records import Record, build_batch, count_batches, iter_batches, CODEC_NAMES
 from kproxy.protocol.skim import SKIMMED, skim_request, skim_response
 from kproxy.protocol.walk import error_codes
+from tests.protocol.mutations import mutate
 from tests.protocol.samples import every_message, sample_body
-from tests.protocol.test_fuzz import mutate
 
 SKIMMED_MESSAGES = [(kind, key, v) for kind, key, v in every_message() if (kind, key) in SKIMMED]
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -8,8 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from kproxy.protocol.connection import STREAM_HEAD_LIMIT, Connection, RequestReceived, UntrackableRequest
 
-from .test_broker_model import uvarint
-from .test_connection import FakeClock, framed, produce, produce_v9, request_bytes, response_bytes
+from tests.protocol.frames import FakeClock, framed, produce, produce_v9, request_bytes, response_bytes, uvarint
 
 STREAM = 512                  # the threshold in these tests: frames this big and up are streamed
 BODY = bytes(range(256)) * 8  # 2 KiB of record-like payload

@@ -25,8 +25,7 @@ import ssl
 import struct
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -34,18 +33,17 @@ from kproxy.embedded import KafkaCluster
 from kproxy.protocol import Struct, decode_response
 from kproxy.protocol.connection import RequestReceived, ResponseReceived
 from tests.proxy.certs import PKI
+from tests.proxy.cluster import (ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S,
+                                 api_trace, assert_no_upstream_address, create_topic, leads_again, port_free_on,
+                                 stop_partition_0_leader, topic_name, upstream_addresses)
 from tests.proxy.harness import (PASSWORD, SCRAM_USER, ProxyThread, Traffic, free_ports, http_status, sasl_config,
                                  ssl_config, wait_for)
 from tests.proxy.wire import METADATA, RawClient, api_versions_ok, framed
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 
-ADMIN_TIMEOUT_S = 30.0
-CONSUME_TIMEOUT_S = 90.0          # a group join after a coordinator moved can take a while
-LEADER_MOVE_TIMEOUT_S = 60.0
 PROGRESS = 100                    # messages that must get through in each phase of the restart
 PRODUCE_INTERVAL_S = 0.005        # pace of the background producer (~200 messages/s)
-SHUTDOWN_TIMEOUT_S = 5.0          # kproxy's, so a leftover client connection cannot stall a test
 DESCRIBE_QUORUM = 55
 
 
@@ -57,35 +55,9 @@ def no_errors_logged(kproxy_log):
 
 # ---------------------------------------------------------------- helpers
 
-def topic_name(kind: str) -> str:
-    return f"kp-{kind}-{uuid.uuid4().hex[:8]}"
-
-
-def assert_no_upstream_address(chunks: list[bytes], upstreams: Iterable[tuple[str, int]],
-                               advertised: Iterable[tuple[str, int]]) -> None:
-    """No broker address in what kproxy sent clients; every kproxy address is there."""
-    stream = b"".join(chunks)
-    for host, port in upstreams:
-        for encoded in (struct.pack(">i", port), struct.pack(">H", port)):
-            assert host.encode() + encoded not in stream, f"upstream {host}:{port} leaked"
-    for host, port in advertised:
-        assert host.encode() + struct.pack(">i", port) in stream, f"{host}:{port} never advertised"
-
-
-def upstream_addresses(cluster: KafkaCluster) -> list[tuple[str, int]]:
-    internal = [(h, int(p)) for h, _, p in
-                (a.rpartition(":") for a in cluster.internal_bootstrap_servers.split(","))]
-    return [(n.host, n.port) for n in cluster.nodes] + internal
-
 
 def broker_addresses(metadata) -> set[tuple[str, int]]:
     return {(b.host, b.port) for b in metadata.brokers.values()}
-
-
-def create_topic(admin, topic: str, partitions: int, replication: int, **config: str) -> None:
-    from confluent_kafka.admin import NewTopic
-    new = NewTopic(topic, num_partitions=partitions, replication_factor=replication, config=config)
-    admin.create_topics([new])[topic].result(ADMIN_TIMEOUT_S)
 
 
 def round_trip(config: dict, topic: str, count: int = 20) -> None:
@@ -119,16 +91,6 @@ def consume(config: dict, topic: str, expected: set[bytes]) -> None:
     finally:
         consumer.close()
     assert expected <= got, f"{len(expected - got)} of {len(expected)} messages never consumed"
-
-
-def api_trace() -> tuple[list, Callable]:
-    """An observer recording (monotonic time, listener, event) for every event."""
-    seen: list = []
-
-    def observe(info, events):
-        now = time.monotonic()
-        seen.extend((now, info.listener, e) for e in events)
-    return seen, observe
 
 
 # ---------------------------------------------------------------- three brokers
@@ -175,11 +137,6 @@ def led_topic(admin, topic: str):
     return metadata if all(p.leader >= 0 for p in described.partitions.values()) else None
 
 
-def partition_leader(admin, topic: str, partition: int) -> int:
-    metadata = admin.list_topics(topic, timeout=ADMIN_TIMEOUT_S)
-    return metadata.topics[topic].partitions[partition].leader
-
-
 def mapped_gateway(cluster: KafkaCluster, observers=(), **settings) -> ProxyThread:
     """A gateway kproxy before ``cluster`` (to be started with ``with``), a free port mapped
     to each node; ``.advertised``: the broker addresses it hands out."""
@@ -188,26 +145,6 @@ def mapped_gateway(cluster: KafkaCluster, observers=(), **settings) -> ProxyThre
                         broker_port_map=ports, shutdown_timeout=SHUTDOWN_TIMEOUT_S, **settings)
     proxy.advertised = {("127.0.0.1", p) for p in ports.values()}
     return proxy
-
-
-def stop_partition_0_leader(cluster: KafkaCluster, admin, topic: str) -> int:
-    """Stop the node that leads ``topic``'s partition 0; return its id once another leads."""
-    leader = partition_leader(admin, topic, 0)
-    cluster.stop_node(leader)
-    wait_for(lambda: partition_leader(admin, topic, 0) not in (leader, -1),
-             LEADER_MOVE_TIMEOUT_S, "partition 0 to get a new leader")
-    return leader
-
-
-def leads_again(admin, topic: str, partitions: int, leader: int) -> bool:
-    """Ask for every partition's preferred leader; whether ``leader`` (partition 0's
-    preferred replica) leads partition 0 again. The election fails until it is back in
-    sync: poll this."""
-    from confluent_kafka import ElectionType, TopicPartition
-    with contextlib.suppress(Exception):
-        admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, p) for p in range(partitions)]
-                            ).result(ADMIN_TIMEOUT_S)
-    return partition_leader(admin, topic, 0) == leader
 
 
 def listener_names(proxy: ProxyThread) -> set[str]:
@@ -355,23 +292,6 @@ def consecutive_free_ports(count: int) -> int:
                 continue
             return base
     raise AssertionError(f"no {count} consecutive free ports")
-
-
-def port_free_on(hosts: Iterable[str]) -> int:
-    """A port free on every one of several loopback addresses."""
-    hosts = list(hosts)
-    for _ in range(100):
-        with contextlib.ExitStack() as stack:
-            first = stack.enter_context(socket.socket())
-            first.bind((hosts[0], 0))
-            port = first.getsockname()[1]
-            try:
-                for host in hosts[1:]:
-                    stack.enter_context(socket.socket()).bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no port free on all of " + ", ".join(hosts))
 
 
 # ---------------------------------------------------------------- TLS

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import socket
 import time
@@ -25,9 +24,8 @@ import pytest
 from kproxy.observers import live as live_module
 from kproxy.proxy import live_web
 from tests.proxy.harness import ProxyThread
+from tests.proxy.live_page import TOKEN, WAIT_MS, open_page
 
-TOKEN = secrets.token_hex(20)
-WAIT_MS = 30_000
 SCREENSHOT_ENV = "KPROXY_LIVE_SCREENSHOT"
 
 
@@ -38,21 +36,6 @@ def proxy(kafka_cluster, tmp_path_factory):
                      capture_root=str(root)) as running:
         running.capture_root = root
         yield running
-
-
-def open_page(browser, proxy, token: str | None = TOKEN):
-    """The page as a person opens it: load, type the token into the dialog."""
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
-    page.errors = []
-    page.on("pageerror", lambda error: page.errors.append(str(error)))
-    page.on("console", lambda message: page.errors.append(message.text) if message.type == "error" else None)
-    page.goto(proxy.admin_url + "/")
-    page.wait_for_selector("#token-dialog[open]", timeout=WAIT_MS)
-    if token is not None:
-        page.fill("#token", token)
-        page.press("#token", "Enter")
-        page.wait_for_selector("[data-testid=state].live", timeout=WAIT_MS)
-    return page
 
 
 def produce_one_by_one(proxy, topic: str, n: int, client_id: str) -> None:
@@ -73,14 +56,6 @@ def produce_rows(page) -> list:
 
 def wait_for_rows(page, selector: str, n: int) -> None:
     page.locator(selector).nth(n - 1).wait_for(timeout=WAIT_MS)
-
-
-def wait_until(check, what: str) -> None:
-    """Poll ``check()`` (the page's CSP forbids Playwright's string predicates)."""
-    deadline = time.monotonic() + WAIT_MS / 1000
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @contextlib.contextmanager

@@ -17,8 +17,8 @@ import socket
 import time
 from types import SimpleNamespace
 
-from tests.proxy.test_live_page import WAIT_MS, open_page, wait_until
 from tests.proxy.harness import WORKERS_TOKEN, value
+from tests.proxy.live_page import WAIT_MS, open_page, wait_until
 from tests.proxy.wire import WitnessClient
 
 SCREENSHOT_ENV = "KPROXY_LIVE_WORKERS_SCREENSHOT"

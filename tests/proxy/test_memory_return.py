@@ -19,7 +19,7 @@ import pytest
 
 from kproxy.proxy import relay as relay_module
 from kproxy.proxy.relay import TRIM_AFTER_BURST_BYTES, BufferBudget
-from tests.protocol.test_connection import produce_v9
+from tests.protocol.frames import produce_v9
 from tests.proxy.harness import KproxyProcess, wait_for
 
 pytestmark = [pytest.mark.timeout(180)]

@@ -20,8 +20,7 @@ from kproxy.observers.metrics import CLOSE_REASONS, close_reason_label
 from kproxy.protocol.connection import WRONG_PROTOCOLS, Connection, WrongProtocol
 from kproxy.proxy.relay import ConnectionInfo
 from kproxy.proxy.server import MisconfigurationLog
-from tests.observers.test_metrics_insight_live import wait_for
-from tests.observers.test_metrics_live import sample
+from tests.observers.metrics import sample, wait_for
 from tests.proxy.harness import ProxyThread
 
 CLOSED = "kproxy_connections_closed_total"
@@ -120,7 +119,7 @@ def test_failed_handshakes_on_a_tls_listener_are_logged_and_counted(tmp_path, ca
     import ssl
 
     from tests.proxy.certs import make_pki
-    from tests.observers.test_metrics_live import scrape
+    from tests.observers.metrics import scrape
 
     pki = make_pki(tmp_path / "pki")
     caplog.set_level(logging.INFO)

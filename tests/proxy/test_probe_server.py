@@ -24,7 +24,8 @@ from kproxy.proxy.http_limits import MAX_HEADER_LINES, MAX_LINE_BYTES
 from kproxy.proxy.probe_board import REASON_BYTES, Board, SlotState
 from kproxy.proxy.probe_server import MAX_CONNECTIONS
 from kproxy.proxy.probes import ProbeProcess
-from tests.proxy.test_probes import get, wait_for
+from tests.proxy.harness import wait_for
+from tests.proxy.probes import get
 
 REPO = Path(__file__).resolve().parents[2]
 READ_TIMEOUT_S = 0.5               # the probe process's header deadline in these tests (5 s by default)

@@ -24,11 +24,11 @@ import pytest
 from kproxy import config as config_module
 from kproxy.proxy import admin as admin_module
 from kproxy.proxy.probes import READY_WAIT_S
-from tests.proxy.harness import (KproxyProcess, ProxyThread, children_of, exited, free_ports, http_status,
-                                  process_state, silent_port, wait_for)
+from tests.proxy.harness import (KproxyProcess, ProxyThread, children_of, exited, free_ports, process_state,
+                                  silent_port, wait_for)
+from tests.proxy.probes import ANSWER_TIMEOUT_S, get
 
 PROBE_ANY = "127.0.0.1:0"
-ANSWER_TIMEOUT_S = 10.0
 SCRAPES = 200                      # far more than the admin port lets wait for one render
 PROBES = 20
 STALL_LIMIT_S = 0.5                # the heartbeat's limit in these tests (default 5 s)
@@ -36,10 +36,6 @@ START_TIMEOUT_S = 30.0
 # `kproxy run` with the stall limit injected (a constant, read when the heartbeat is made).
 KPROXY_RUN = ("import sys; from kproxy.proxy import probes; probes.LOOP_STALL_LIMIT_S = %r; "
               "from kproxy.cli import main; sys.exit(main(sys.argv[1:]))" % STALL_LIMIT_S)
-
-
-def get(url: str) -> tuple[int, str]:
-    return http_status(url, ANSWER_TIMEOUT_S)
 
 
 def test_probe_listen_from_file_env_and_flags():

@@ -26,7 +26,7 @@ import pytest
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy import relay as relay_module
 from kproxy.proxy.relay import MAX_IN_FLIGHT_PER_CONNECTION, OBSERVER_EVENTS_PER_STEP, READ_CHUNK
-from tests.protocol.test_connection import produce_v9
+from tests.protocol.frames import produce_v9
 from tests.proxy.harness import wait_for
 from tests.proxy.wire import (API_VERSIONS, CLOSE_TIMEOUT_S, FETCH, FETCH_VERSION, METADATA, RawClient,
                               close_reasons, fetch_fields, request_frame)

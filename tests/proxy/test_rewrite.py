@@ -6,6 +6,7 @@ from kproxy.protocol import (Response, Struct, decode_response, encode_response,
 from kproxy.proxy.rewrite import (ADDRESS_BEARING, cap_api_versions, carries_addresses,
                                   node_addresses, rewrite_addresses)
 from tests.protocol.samples import sample_body
+from tests.proxy.addresses import REWRITE_CASES
 
 NOT_BROKER_ADDRESSES = {
     29: "DescribeAcls: ACL host pattern",
@@ -28,11 +29,7 @@ def mapper(node_id, host, port):
     return f"kproxy-{node_id}.local", 20000 + (node_id % 1000 + 1000) % 1000
 
 
-CASES = [(key, v) for key, (first, _) in sorted(ADDRESS_BEARING.items())
-         for v in range(max(first, schema.RESPONSES[key].versions[0]), schema.RESPONSES[key].versions[1] + 1)]
-
-
-@pytest.mark.parametrize("api_key,version", CASES)
+@pytest.mark.parametrize("api_key,version", REWRITE_CASES)
 def test_rewrite_every_version_of_every_address_bearing_response(api_key, version):
     for seed in range(40):
         body = sample_body("response", api_key, version, seed=seed, width=2)

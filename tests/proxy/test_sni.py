@@ -39,18 +39,17 @@ from kproxy import config as config_module
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy.server import Proxy
 from kproxy.proxy.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
+from tests.proxy.addresses import REWRITE_CASES
 from tests.proxy.certs import SNI_DOMAIN, make_pki, openssl_available
-from tests.proxy import test_rewrite
-from tests.proxy.harness import ProxyThread, Traffic, wait_for
-from tests.proxy.test_cluster import (
+from tests.proxy.cluster import (
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
     assert_no_upstream_address, create_topic, leads_again, port_free_on, stop_partition_0_leader,
     topic_name, upstream_addresses)
+from tests.proxy.harness import ProxyThread, Traffic, wait_for
 
 TEMPLATE = f"broker-{{node_id}}.{SNI_DOMAIN}"
 BOOTSTRAP_NAME = f"bootstrap.{SNI_DOMAIN}"
 HANDSHAKE_TIMEOUT_S = 10.0
-REWRITE_CASES = test_rewrite.CASES         # every version of every address-bearing response
 TOOL_TIMEOUT_S = 180.0            # a JVM start, a group join and a read on 2 shared cores
 CLIENT_TIMEOUT_S = 90.0           # each client's produce-and-consume, as in test_cluster
 SESSION_TIMEOUT_MS = 6000

@@ -25,7 +25,7 @@ import pytest
 from kproxy.protocol import Struct, Uuid, decode_response
 from kproxy.proxy.relay import READ_CHUNK
 from kproxy.proxy.server import DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL
-from tests.protocol.test_connection import PADDED_BUT_ACCEPTED, REFUSED_BY_THE_BROKER, produce_v9
+from tests.protocol.frames import PADDED_BUT_ACCEPTED, REFUSED_BY_THE_BROKER, produce_v9
 from tests.proxy.harness import wait_for
 from tests.proxy.wire import (API_VERSIONS, API_VERSIONS_FIELDS, CLOSE_TIMEOUT_S, METADATA, RESPONSE_TIMEOUT_S,
                               RawClient, address, api_versions_ok, close_reasons, relay_count)
