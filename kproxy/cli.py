@@ -228,6 +228,7 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--broker-port-map": ("broker_port_map", "NODE=PORT,... for the map rule"),
     "--max-frame-size": ("max_frame_size", "largest frame accepted, bytes"),
     "--max-connections": ("max_connections", "client connections at once"),
+    "--max-brokers": ("max_brokers", "broker nodes served at once; more are left out of answers"),
     "--idle-timeout": ("idle_timeout", "seconds before an idle connection is closed"),
     "--connect-timeout": ("connect_timeout", "seconds to reach a broker before giving up"),
     "--shutdown-timeout": ("shutdown_timeout", "seconds in-flight requests get on SIGTERM"),

@@ -35,6 +35,10 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_SHUTDOWN_TIMEOUT_S = 25.0
 # Upstream connect attempts give up after this; the client then sees its connection close.
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
+# Broker nodes kproxy serves at once (a listener, a port and some state each): far more
+# than real clusters have, few enough that a broker answer naming thousands of nodes
+# (hostile, or broken) cannot take every file descriptor or port.
+DEFAULT_MAX_BROKERS = 1_024
 # Distinct client_id/topic label values per metric before the rest fold into "other": enough
 # for a real fleet, small enough that a client inventing ids cannot explode the series count.
 DEFAULT_METRICS_LABEL_CAP = 100
@@ -106,6 +110,7 @@ class Config:
     sni_bootstrap_host: str | None = None    # sni: e.g. "bootstrap.kafka.example.com"
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_brokers: int = DEFAULT_MAX_BROKERS
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S
@@ -163,7 +168,7 @@ class Config:
 _SCALARS: dict[str, type] = {
     "mode": str, "advertised_host": str, "broker_port_rule": str, "broker_port_base": int,
     "advertised_host_template": str, "routing": str, "sni_host_template": str,
-    "sni_bootstrap_host": str, "max_frame_size": int, "max_connections": int,
+    "sni_bootstrap_host": str, "max_frame_size": int, "max_connections": int, "max_brokers": int,
     "idle_timeout": float, "connect_timeout": float, "shutdown_timeout": float,
     "cap_api_versions": bool, "log_level": str, "metrics_client_id_label": bool,
     "metrics_topic_label": bool, "metrics_group_label": bool, "metrics_principal_label": bool,
@@ -371,7 +376,7 @@ def _validate(c: Config) -> None:
     except (KeyError, IndexError, ValueError) as exc:
         raise ConfigError(f"advertised_host_template: only {{node_id}} and {{host}} may be used ({exc})") \
             from None
-    for key in ("max_frame_size", "max_connections", "metrics_label_cap"):
+    for key in ("max_frame_size", "max_connections", "max_brokers", "metrics_label_cap"):
         if getattr(c, key) <= 0:
             raise ConfigError(f"{key}: must be positive, got {getattr(c, key)}")
     for key in ("idle_timeout", "connect_timeout", "shutdown_timeout"):

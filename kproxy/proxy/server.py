@@ -98,6 +98,12 @@ MISCONFIGURATION_LOG_KINDS_PER_INTERVAL = 20
 BIND_RETRY_FIRST_S = 0.25
 BIND_RETRY_MAX_S = 5.0
 OS_CHOSEN_PORT = 0                # broker_port_base 0: the OS picks each broker listener's port
+MAX_PORT = 65535
+NO_PORT = 0                       # in the address of a node left out where no answer can drop it
+# Nodes left out of answers (max_brokers reached, or no port for them): each node once
+# per interval, at most this many per interval (one answer may name thousands).
+LEFT_OUT_LOG_INTERVAL_S = 60.0
+LEFT_OUT_LOG_NODES_PER_INTERVAL = 3
 # Refused server names (SNI routing) are logged like decode failures: each name once per
 # interval, at most this many names per interval (a scanner trying names cannot flood the
 # log); kproxy_sni_refused_total counts every refusal.
@@ -147,6 +153,9 @@ class Proxy:
         self.hold = functools.lru_cache(HOLD_ANSWERS_CACHED)(self._holds)
         self.relays: set[Relay] = set()
         self.upstream_of: dict[int, HostPort] = {}         # node id -> real broker address
+        self.served_nodes: set[int] = set()                # at most max_brokers (see _serves)
+        self._left_out: set[int] = set()                   # nodes _serves refused in this answer
+        self._left_out_log = LogBudget(LEFT_OUT_LOG_INTERVAL_S, LEFT_OUT_LOG_NODES_PER_INTERVAL)
         self.listeners: dict[str, asyncio.Server] = {}     # "bootstrap" / "broker-<id>"
         self.broker_ports: dict[int, int] = {}             # node id -> port (sequential rule)
         self.bound_ports: dict[int, int] = {}              # node id -> port its listener is bound to
@@ -218,9 +227,50 @@ class Proxy:
                     "a wildcard *.%s or add the name to its SANs", self.config.tls_server.cert_file,
                     name, ", ".join(known) or "nothing", name.split(".", 1)[1])
 
+    def _serves(self, node_id: int) -> bool:
+        """Whether kproxy serves a node an answer names: one it serves already, or a new one
+        while it serves fewer than ``max_brokers`` and the port rule gives it a port. Every
+        node served costs a listener, a port and some state, so a broker answer naming
+        thousands (hostile, or broken) must not get them all. A node refused is left out of
+        the answer (``transform``), and logged within a budget."""
+        if node_id in self.served_nodes:
+            return True
+        c = self.config
+        if len(self.served_nodes) >= c.max_brokers:
+            why = (f"kproxy serves max_brokers ({c.max_brokers}) nodes already; raise it if the "
+                   f"cluster is that big")
+        else:
+            port = self._planned_port(node_id)
+            if port is not None and not 1 <= port <= MAX_PORT:
+                why = (f"broker_port_rule {c.broker_port_rule} gives it port {port}, outside "
+                       f"1-{MAX_PORT}: lower broker_port_base or map its port (broker_port_map)")
+            else:
+                self.served_nodes.add(node_id)
+                return True
+        self._left_out.add(node_id)
+        unlogged = self._left_out_log.admit(node_id)
+        if unlogged is not None:
+            log.warning("node %d is left out of what clients are told: %s%s", node_id, why,
+                        f" ({unlogged} more left out since the last such line)" if unlogged else "")
+        return False
+
+    def _planned_port(self, node_id: int) -> int | None:
+        """The port ``port_for`` will give a node it has not given one yet, without giving it
+        (None: one the OS picks, or the listen port)."""
+        c = self.config
+        if self.sni_names is not None or c.port_base == OS_CHOSEN_PORT or c.broker_port_rule == "fixed":
+            return None
+        if c.broker_port_rule == "map" and node_id in c.broker_port_map:
+            return c.broker_port_map[node_id]
+        if c.broker_port_rule == "sequential":
+            return None if node_id in self.broker_ports else c.port_base + len(self.broker_ports)
+        return c.port_base + node_id
+
     def advertise(self, node_id: int, host: str, port: int) -> HostPort:
         """The AddressMapper: learn the upstream address, return the one clients get."""
         c = self.config
+        if not self._serves(node_id):
+            return c.public_host, NO_PORT                   # left out by transform
         if c.mode == "sidecar":
             if self.sni_names is not None:
                 if self.local_node is None and (host.lower(), port) == (c.upstreams[0][0].lower(),
@@ -243,6 +293,8 @@ class Proxy:
         c = self.config
         if c.mode == "sidecar":
             return self.advertise(node_id, host, port)
+        if not self._serves(node_id):
+            return c.public_host, NO_PORT                   # left out by transform
         if self.sni_names is not None:
             return self.sni_address(node_id)
         return c.public_host, self.port_for(node_id)
@@ -320,15 +372,18 @@ class Proxy:
         changed = False
         if api_key == API_VERSIONS_KEY and self.config.cap_api_versions:
             changed = cap_api_versions(response)
-        if api_key == METADATA_KEY and self.config.mode == "gateway":
-            self._retire_missing_brokers({n for n, _, _ in node_addresses(api_key, version, response.body)})
+        if api_key == METADATA_KEY:
+            self._brokers_listed({n for n, _, _ in node_addresses(api_key, version, response.body)})
         controllers = api_key in CONTROLLER_ADDRESS_KEYS or (
             api_key == DESCRIBE_CLUSTER_KEY
             and getattr(response.body, "endpoint_type", None) == CONTROLLER_ENDPOINT_TYPE)
         mapper = self.advertise_controller if controllers else self.advertise
+        self._left_out.clear()
         changed = rewrite_addresses(api_key, version, response, mapper) or changed
-        if self.unbound and not controllers:
-            changed = withhold_nodes(api_key, version, response, self.unbound.keys()) or changed
+        # Unbound listeners are brokers'; nodes _serves refused are either.
+        unserved = self._left_out if controllers else self.unbound.keys() | self._left_out
+        if unserved:
+            changed = withhold_nodes(api_key, version, response, unserved) or changed
         if not changed:
             return None
         try:
@@ -497,9 +552,16 @@ class Proxy:
         return {node_id: (self.config.public_host, port)
                 for node_id, port in list(self.bound_ports.items())}
 
-    def _retire_missing_brokers(self, present: set[int]) -> None:
+    def _brokers_listed(self, present: set[int]) -> None:
+        """A Metadata answer lists every broker: kproxy stops serving the others (gateway:
+        closes their listeners), so brokers replaced over time never use up ``max_brokers``."""
         if not present:
             return                   # an error response, not a statement about the cluster
+        self.served_nodes &= present
+        if self.config.mode != "gateway":
+            return
+        for node_id in [n for n in self.upstream_of if n not in present]:
+            del self.upstream_of[node_id]
         for name in [n for n in self.listeners if n.startswith("broker-")]:
             node_id = int(name.split("-", 1)[1])
             if node_id not in present:

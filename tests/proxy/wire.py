@@ -4,7 +4,9 @@
   the bytes a test wants, for clients kproxy must survive or answer exactly;
 - ``relay_states``, ``relay_count``, ``close_reasons``: kproxy's connections, seen on its
   own event loop and in its log;
-- ``create_topic``: a fresh topic, made through the broker's admin API.
+- ``create_topic``: a fresh topic, made through the broker's admin API;
+- ``StandInBroker``: a broker that answers as the test says (hostile or broken answers,
+  which no real broker gives on demand).
 
 Shared by the tests that speak raw Kafka through kproxy (faults, limits, wire hardening,
 clusters, streaming). Not in ``harness``: that module starts kproxies and knows nothing of
@@ -21,8 +23,12 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import threading
+from collections.abc import Callable
+
 from kproxy.embedded import recv_exactly
-from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
+from kproxy.protocol import (DecodeError, Request, Struct, decode_request, decode_response,
+                             encode_request, new_body)
 from kproxy.protocol.records import Record, build_batch
 from tests.proxy.harness import ProxyThread
 
@@ -243,3 +249,69 @@ class WitnessClient:
         body = self.request(0, 9, new_body("request", 0, 9, acks=1, timeout_ms=5000, topic_data=[
             Struct(name=topic, partition_data=[Struct(index=0, records=batch)])]))
         assert body.responses[0].partition_responses[0].error_code == 0
+
+
+# ---------------------------------------------------------------- a broker that answers as told
+
+class StandInBroker:
+    """``with StandInBroker(answer) as broker: broker.address`` → "127.0.0.1:PORT".
+
+    A thread per connection reads request frames and writes back ``answer(request)``:
+    a response frame's payload (correlation id first, no size prefix), or None to close
+    the connection. ``requests`` counts what it read; ``failures`` holds what broke in
+    ``answer`` (checked by the test: a stand-in must not hide its own bugs).
+    """
+
+    def __init__(self, answer: Callable[[Request], bytes | None]):
+        self.answer = answer
+        self.requests = 0
+        self.failures: list[BaseException] = []
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self._stopping = False
+        self._connections: list[socket.socket] = []
+
+    @property
+    def address(self) -> str:
+        return "127.0.0.1:%d" % self._listener.getsockname()[1]
+
+    def __enter__(self) -> "StandInBroker":
+        threading.Thread(target=self._accept, daemon=True, name="stand-in broker").start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stopping = True
+        self._listener.close()
+        for conn in list(self._connections):
+            conn.close()
+
+    def _accept(self) -> None:
+        while not self._stopping:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self._connections.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            while not self._stopping:
+                try:
+                    size, = struct.unpack(">i", recv_exactly(conn, 4))
+                    request = decode_request(recv_exactly(conn, size))
+                except (OSError, EOFError, struct.error, DecodeError):
+                    return
+                self.requests += 1
+                try:
+                    payload = self.answer(request)
+                except Exception as exc:         # noqa: BLE001 - reported to the test
+                    self.failures.append(exc)
+                    return
+                if payload is None:
+                    return
+                try:
+                    conn.sendall(framed(payload))
+                except OSError:
+                    return
