@@ -27,6 +27,7 @@ from kproxy.embedded import (
 )
 from tests.proxy.certs import PKI, make_pki, openssl_available
 from tests.proxy.harness import PASSWORD, SCRAM_USER
+from tests.soak import SOAK_OPTION, SOAK_TIMEOUT_MARGIN_S
 
 SKIP_BROKER_TESTS_ENV = "KPROXY_SKIP_BROKER_TESTS"
 
@@ -49,7 +50,20 @@ def _require_kafka(version: str) -> None:
         _unavailable(f"Kafka {version} cannot run on this machine: missing {', '.join(missing)}")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(SOAK_OPTION, type=float, default=0.0, metavar="SECONDS",
+                     help="run the tests marked soak, each for about this long "
+                          "(default 0: they are deselected); see tests/soak.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    soak_seconds = config.getoption(SOAK_OPTION)
+    soaks = [item for item in items if item.get_closest_marker("soak")]
+    if soaks and not soak_seconds:
+        config.hook.pytest_deselected(items=soaks)
+        items[:] = [item for item in items if not item.get_closest_marker("soak")]
+    for item in soaks:
+        item.add_marker(pytest.mark.timeout(soak_seconds + SOAK_TIMEOUT_MARGIN_S))
     for item in items:
         if BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.broker)
@@ -60,6 +74,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # tests that use it go last (in their collected order).
     items[:] = ([i for i in items if "browser" not in getattr(i, "fixturenames", ())]
                 + [i for i in items if "browser" in getattr(i, "fixturenames", ())])
+
+
+@pytest.fixture
+def soak_seconds(request) -> float:
+    """How long a soak test runs (``--soak-seconds``; it is deselected without one)."""
+    return request.config.getoption(SOAK_OPTION)
 
 
 @pytest.fixture(scope="session")

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from kproxy.protocol import Request, encode_request, new_body
 from kproxy.protocol.connection import (Connection, ProtocolViolation, ResponseReceived,
                                         UnpairedResponse, UntrackableRequest)
 from tests.protocol.frames import uvarint
+from tests.soak import run_for
 
 METADATA, PRODUCE, API_VERSIONS = 3, 0, 18
 HELD = METADATA                   # the address-bearing API of these streams
@@ -367,3 +369,10 @@ def test_tracker_pairs_as_the_broker_answers(requests, bodies, reads, stray_at, 
             assert e.streamed
     event(f"streamed: {sum(e.streamed for e in paired)} answers, "
           f"{sum(e.request_event.streamed for e in paired)} requests")
+
+
+@pytest.mark.soak
+def test_soak_tracker_pairs_as_the_broker_answers(soak_seconds):
+    """The property above, batch after batch of new streams, for ``--soak-seconds``."""
+    batches = run_for(soak_seconds, test_tracker_pairs_as_the_broker_answers)
+    print(f"tracker soak: {batches} batches of the broker model")

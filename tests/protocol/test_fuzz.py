@@ -15,6 +15,7 @@ re-encoding that differs from the input, is a codec bug.
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
@@ -23,6 +24,7 @@ from kproxy.protocol import (DecodeError, Request, Response, decode_request, dec
                              encode_request, encode_response, schema)
 from tests.protocol.mutations import mutate
 from tests.protocol.samples import every_message, sample_body
+from tests.soak import run_for
 
 KNOWN_KEYS = sorted(schema.REQUESTS)
 FUZZ_SETTINGS = dict(deadline=None, database=None,
@@ -194,12 +196,13 @@ def test_random_tagged_field_blocks(index, entries):
 LOOP_MUTATIONS = 20_000
 
 
-def test_seeded_mutation_loop():
-    """20k mutations without hypothesis overhead; collects every failure before reporting."""
-    rng = random.Random(0x6B70726F78)
+def mutation_loop(seed: int, count: int) -> int:
+    """``count`` mutants of the corpus from ``seed``, without hypothesis overhead; fails with
+    every failure collected (and the seed, to replay them); returns how many decoded."""
+    rng = random.Random(seed)
     failures = []
     decoded = 0
-    for n in range(LOOP_MUTATIONS):
+    for n in range(count):
         kind, api_key, version, frame = CORPUS[n % len(CORPUS)]
         mutant = mutate(rng, frame, rng.randint(1, 3))
         try:
@@ -207,10 +210,31 @@ def test_seeded_mutation_loop():
         except Exception as exc:      # noqa: BLE001 - anything but DecodeError is the finding
             failures.append((schema.api_name(api_key), kind, version,
                              f"{type(exc).__name__}: {exc}"[:160], mutant.hex()[:200]))
-    assert not failures, f"{len(failures)} of {LOOP_MUTATIONS} mutants broke the codec; first: " + \
-        "\n".join(map(str, failures[:5]))
+    assert not failures, f"{len(failures)} of {count} mutants (seed {seed:#x}) broke the codec; " \
+        "first: " + "\n".join(map(str, failures[:5]))
+    return decoded
+
+
+def test_seeded_mutation_loop():
+    """20k mutations; collects every failure before reporting."""
+    decoded = mutation_loop(0x6B70726F78, LOOP_MUTATIONS)
     # The mutants must not all be rejected outright, or the loop tests nothing past the header.
     assert decoded > LOOP_MUTATIONS // 50
+
+
+@pytest.mark.soak
+def test_soak_codec(soak_seconds):
+    """The mutation loop from fresh seeds, and the hypothesis properties above batch after
+    batch, for ``--soak-seconds`` in all (half each)."""
+    deadline = time.monotonic() + soak_seconds / 2
+    loops = 0
+    while loops == 0 or time.monotonic() < deadline:
+        assert mutation_loop(random.getrandbits(64), LOOP_MUTATIONS) > LOOP_MUTATIONS // 50
+        loops += 1
+    properties = (test_random_bytes_as_request, test_random_body_behind_plausible_request_header,
+                  test_random_bytes_as_response, test_mutated_valid_frames, test_random_tagged_field_blocks)
+    batches = run_for(soak_seconds / 2, lambda: [test() for test in properties])
+    print(f"codec soak: {loops * LOOP_MUTATIONS:,} mutants, {batches} batches of the properties")
 
 
 # ------------------------------------------------------------ found by fuzzing

@@ -21,6 +21,7 @@ from kproxy.protocol.skim import SKIMMED, skim_request, skim_response
 from kproxy.protocol.walk import error_codes
 from tests.protocol.mutations import mutate
 from tests.protocol.samples import every_message, sample_body
+from tests.soak import run_for
 
 SKIMMED_MESSAGES = [(kind, key, v) for kind, key, v in every_message() if (kind, key) in SKIMMED]
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -239,3 +240,10 @@ def test_unrolled_varints_read_as_the_loop_does(data):
         except (DecodeError, IndexError) as exc:
             return type(exc)
     assert outcome(read_uvarint) == outcome(_uvarint_reference)
+
+
+@pytest.mark.soak
+def test_soak_partial_decoding(soak_seconds):
+    """The mutation property above, batch after batch, for ``--soak-seconds``."""
+    batches = run_for(soak_seconds, test_a_frame_the_partial_reader_accepts_decodes_whole)
+    print(f"partial decoding soak: {batches} batches")
