@@ -305,6 +305,9 @@ class KproxyProcess:
 
 # ---------------------------------------------------------------- clients that keep going
 
+TRAFFIC_PRODUCE_INTERVAL_S = 0.005   # pace of ConfluentTraffic's producer (~200 messages/s)
+
+
 class Traffic:
     """A producer (acks=all, idempotent) and a group consumer of numbered messages, each on
     its own thread, for tests that break something while clients keep going.
@@ -386,6 +389,39 @@ class Traffic:
         wait_for(lambda: self.check() or self.delivered <= self.consumed, self.timeout,
                  "every acknowledged message to be consumed")
         self.stop_consuming()
+
+
+class ConfluentTraffic(Traffic):
+    """``Traffic`` with confluent-kafka (librdkafka) clients."""
+
+    def _on_delivery(self, err, msg):
+        if err is None:
+            self.acknowledged(int(msg.value()))
+        else:
+            self.failed(err)
+
+    def _produce(self):
+        from confluent_kafka import Producer
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
+                             "enable.idempotence": True, "linger.ms": 5})
+        while self.producing():
+            number = self.next_number()
+            producer.produce(self.topic, key=str(number), value=str(number), on_delivery=self._on_delivery)
+            producer.poll(TRAFFIC_PRODUCE_INTERVAL_S)
+        assert producer.flush(self.timeout) == 0
+
+    def _consume(self):
+        from confluent_kafka import Consumer
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"g-{self.topic}",
+                             "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
+        consumer.subscribe([self.topic])
+        try:
+            while self.consuming():
+                msg = consumer.poll(0.2)
+                if msg is not None and msg.error() is None:
+                    self.consumed.add(int(msg.value()))
+        finally:
+            consumer.close()
 
 
 # ---------------------------------------------------------------- clients of a TLS or SASL kproxy

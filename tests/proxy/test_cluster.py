@@ -36,14 +36,13 @@ from tests.proxy.certs import PKI
 from tests.proxy.cluster import (ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S,
                                  api_trace, assert_no_upstream_address, create_topic, leads_again, port_free_on,
                                  stop_partition_0_leader, topic_name, upstream_addresses)
-from tests.proxy.harness import (PASSWORD, SCRAM_USER, ProxyThread, Traffic, free_ports, http_status, sasl_config,
-                                 ssl_config, wait_for)
+from tests.proxy.harness import (PASSWORD, SCRAM_USER, ConfluentTraffic, ProxyThread, free_ports, http_status,
+                                 sasl_config, ssl_config, wait_for)
 from tests.proxy.wire import METADATA, RawClient, api_versions_ok, framed
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
 
 PROGRESS = 100                    # messages that must get through in each phase of the restart
-PRODUCE_INTERVAL_S = 0.005        # pace of the background producer (~200 messages/s)
 DESCRIBE_QUORUM = 55
 
 
@@ -94,39 +93,6 @@ def consume(config: dict, topic: str, expected: set[bytes]) -> None:
 
 
 # ---------------------------------------------------------------- three brokers
-
-class ConfluentTraffic(Traffic):
-    """``Traffic`` with confluent-kafka (librdkafka) clients."""
-
-    def _on_delivery(self, err, msg):
-        if err is None:
-            self.acknowledged(int(msg.value()))
-        else:
-            self.failed(err)
-
-    def _produce(self):
-        from confluent_kafka import Producer
-        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
-                             "enable.idempotence": True, "linger.ms": 5})
-        while self.producing():
-            number = self.next_number()
-            producer.produce(self.topic, key=str(number), value=str(number), on_delivery=self._on_delivery)
-            producer.poll(PRODUCE_INTERVAL_S)
-        assert producer.flush(self.timeout) == 0
-
-    def _consume(self):
-        from confluent_kafka import Consumer
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"g-{self.topic}",
-                             "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
-        consumer.subscribe([self.topic])
-        try:
-            while self.consuming():
-                msg = consumer.poll(0.2)
-                if msg is not None and msg.error() is None:
-                    self.consumed.add(int(msg.value()))
-        finally:
-            consumer.close()
-
 
 def led_topic(admin, topic: str):
     """Metadata for ``topic`` once it lists every partition with a leader, else None."""
