@@ -247,12 +247,16 @@ class Proxy:
             else:
                 self.served_nodes.add(node_id)
                 return True
+        self._leave_out(node_id, why)
+        return False
+
+    def _leave_out(self, node_id: int, why: str) -> None:
+        """Leave a node out of the answer being rewritten (``transform``), logged within a budget."""
         self._left_out.add(node_id)
         unlogged = self._left_out_log.admit(node_id)
         if unlogged is not None:
             log.warning("node %d is left out of what clients are told: %s%s", node_id, why,
                         f" ({unlogged} more left out since the last such line)" if unlogged else "")
-        return False
 
     def _planned_port(self, node_id: int) -> int | None:
         """The port ``port_for`` will give a node it has not given one yet, without giving it
@@ -289,11 +293,17 @@ class Proxy:
         return c.public_host, self.port_for(node_id)      # withheld later if it is not bound
 
     def advertise_controller(self, node_id: int, host: str, port: int) -> HostPort:
-        """Like ``advertise`` for a controller's address: same mapping, nothing learnt or opened."""
+        """Like ``advertise`` for a controller's address, with nothing learnt or opened: the
+        address of the broker of the same node id kproxy serves (combined mode), or none.
+        A controller that is no broker kproxy serves is left out: DescribeCluster drops
+        it, the KRaft quorum answers (which only report) give it port 0."""
         c = self.config
         if c.mode == "sidecar":
             return self.advertise(node_id, host, port)
-        if not self._serves(node_id):
+        served = self.upstream_of if self.sni_names is not None else self.bound_ports
+        if node_id not in served:
+            self._leave_out(node_id, "no broker kproxy serves has its node id (a controller "
+                                     "alone is not reachable through kproxy)")
             return c.public_host, NO_PORT                   # left out by transform
         if self.sni_names is not None:
             return self.sni_address(node_id)

@@ -20,7 +20,7 @@ from kproxy.proxy.rewrite import node_addresses
 from tests.proxy.harness import ProxyThread, free_port
 from tests.proxy.wire import METADATA, RawClient, StandInBroker
 
-FIND_COORDINATOR, DESCRIBE_CLUSTER = 10, 60
+FIND_COORDINATOR, DESCRIBE_QUORUM, DESCRIBE_CLUSTER = 10, 55, 60
 COORDINATOR_NOT_AVAILABLE = 15
 
 
@@ -114,3 +114,37 @@ def test_a_node_with_no_port_by_the_rule_is_left_out_not_an_internal_error(kprox
     warnings = [r.getMessage() for r in kproxy_log.records
                 if r.levelno == logging.WARNING and f"node {odd} " in r.getMessage()]
     assert warnings and "outside 1-65535" in warnings[0] and "broker_port_map" in warnings[0]
+
+
+def test_controllers_that_are_no_broker_kproxy_serves_are_left_out(kproxy_log):
+    """DescribeCluster for controllers (KIP-919) and DescribeQuorum name controllers: one
+    sharing its node id with a broker kproxy serves (combined mode) keeps that broker's
+    address, one that is a controller alone (which kproxy never listens for) is dropped
+    from DescribeCluster and given port 0 in DescribeQuorum, which only reports."""
+    controllers = [1, 3000]
+
+    def answer(request):
+        key, version = request.api_key, request.api_version
+        if key == DESCRIBE_CLUSTER:
+            body = new_body("response", key, version, cluster_id="standin", controller_id=1, endpoint_type=2,
+                            brokers=[Struct(broker_id=n, host=f"controller-{n}.internal", port=9093, rack=None)
+                                     for n in controllers])
+        elif key == DESCRIBE_QUORUM:
+            body = new_body("response", key, version, nodes=[Struct(node_id=n, listeners=[Struct(
+                name="CONTROLLER", host=f"controller-{n}.internal", port=9093)]) for n in controllers])
+        else:
+            return brokers_answer([1, 2])(request)
+        return encode_response(Response(request.correlation_id, body), key, version)
+
+    with StandInBroker(answer) as broker, ProxyThread(upstream=broker.address) as proxy:
+        client = RawClient(proxy.bootstrap)
+        client.roundtrip(METADATA, 12, topics=None)                      # brokers 1 and 2 served
+        described = client.roundtrip(DESCRIBE_CLUSTER, 1, endpoint_type=2)
+        assert [n for n, _, _ in served(proxy, described, DESCRIBE_CLUSTER, 1)] == [1]
+        quorum = client.roundtrip(DESCRIBE_QUORUM, 2)
+        ports = {node.node_id: [listener.port for listener in node.listeners] for node in quorum.body.nodes}
+        assert ports[3000] == [0] and ports[1] == [proxy.runtime.proxy.bound_ports[1]]
+        assert "controller-" not in repr(described.body) + repr(quorum.body)
+        client.close()
+    assert not broker.failures
+    assert any("node 3000 is left out" in r.getMessage() for r in kproxy_log.records)
