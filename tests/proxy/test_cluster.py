@@ -34,8 +34,8 @@ from kproxy.embedded import KafkaCluster
 from kproxy.protocol import Struct, decode_response
 from kproxy.protocol.connection import RequestReceived, ResponseReceived
 from tests.proxy.certs import PKI
-from tests.proxy.harness import (PASSWORD, SCRAM_USER, ProxyThread, Traffic, free_ports, http_status, sasl_config,
-                                 ssl_config, wait_for)
+from tests.proxy.harness import (GROUP_TIMEOUTS, PASSWORD, SCRAM_USER, ProxyThread, Traffic, free_ports,
+                                 http_status, sasl_config, ssl_config, wait_for)
 from tests.proxy.wire import METADATA, RawClient, api_versions_ok, framed
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
@@ -107,7 +107,7 @@ def round_trip(config: dict, topic: str, count: int = 20) -> None:
 def consume(config: dict, topic: str, expected: set[bytes]) -> None:
     from confluent_kafka import Consumer
     consumer = Consumer({**config, "group.id": f"g-{topic}", "auto.offset.reset": "earliest",
-                         "session.timeout.ms": 6000})
+                         **GROUP_TIMEOUTS})
     consumer.subscribe([topic])
     got: set[bytes] = set()
     deadline = time.monotonic() + CONSUME_TIMEOUT_S
@@ -155,7 +155,7 @@ class ConfluentTraffic(Traffic):
     def _consume(self):
         from confluent_kafka import Consumer
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"g-{self.topic}",
-                             "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
+                             "auto.offset.reset": "earliest", **GROUP_TIMEOUTS})
         consumer.subscribe([self.topic])
         try:
             while self.consuming():

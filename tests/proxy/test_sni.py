@@ -41,7 +41,7 @@ from kproxy.proxy.server import Proxy
 from kproxy.proxy.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
 from tests.proxy.certs import SNI_DOMAIN, make_pki, openssl_available
 from tests.proxy import test_rewrite
-from tests.proxy.harness import ProxyThread, Traffic, wait_for
+from tests.proxy.harness import GROUP_TIMEOUTS, KP_GROUP_TIMEOUTS, ProxyThread, Traffic, wait_for
 from tests.proxy.test_cluster import (
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
     assert_no_upstream_address, create_topic, leads_again, port_free_on, stop_partition_0_leader,
@@ -53,7 +53,6 @@ HANDSHAKE_TIMEOUT_S = 10.0
 REWRITE_CASES = test_rewrite.CASES         # every version of every address-bearing response
 TOOL_TIMEOUT_S = 180.0            # a JVM start, a group join and a read on 2 shared cores
 CLIENT_TIMEOUT_S = 90.0           # each client's produce-and-consume, as in test_cluster
-SESSION_TIMEOUT_MS = 6000
 PROGRESS = 50                     # messages that must get through in each phase of the move
 PRODUCE_INTERVAL_S = 0.01
 JAVA_IDLE_EXIT_S = 20.0           # the console consumer stops after this long with nothing new
@@ -369,7 +368,7 @@ CONFLUENT_SCRIPT = textwrap.dedent("""
     left = producer.flush(args["timeout"])
     brokers = sorted([b.host, b.port] for b in producer.list_topics(timeout=args["timeout"]).brokers.values())
     consumer = Consumer({**common, "group.id": "ck-" + args["topic"], "auto.offset.reset": "earliest",
-                         "session.timeout.ms": 6000})
+                         **args["group"]})
     consumer.subscribe([args["topic"]])
     got, deadline = set(), time.monotonic() + args["timeout"]
     while len(got) < args["count"] and time.monotonic() < deadline:
@@ -402,7 +401,7 @@ CONFLUENT_TRAFFIC_SCRIPT = textwrap.dedent("""
         producer.poll(args["interval"])
     left = producer.flush(args["timeout"])
     consumer = Consumer({**common, "group.id": "ck-" + args["topic"], "auto.offset.reset": "earliest",
-                         "session.timeout.ms": 6000})
+                         **args["group"]})
     consumer.subscribe([args["topic"]])
     got, deadline = set(), time.monotonic() + args["timeout"]
     while not delivered <= got and time.monotonic() < deadline:
@@ -454,7 +453,7 @@ def kp_round_trip(bootstrap: str, topic: str, prefix: str, count: int, **ssl_set
     finally:
         producer.close(CLIENT_TIMEOUT_S)
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"kp-{topic}-{prefix}",
-                             auto_offset_reset="earliest", session_timeout_ms=SESSION_TIMEOUT_MS,
+                             auto_offset_reset="earliest", **KP_GROUP_TIMEOUTS,
                              **ssl_settings)
     wanted = {f"{prefix}-{i}".encode() for i in range(count)}
     got: set[bytes] = set()
@@ -476,10 +475,10 @@ def java_fetch(event) -> bool:
 
 
 def java_properties(directory: Path, pki) -> Path:
-    """The Java client's settings: TLS with the test CA (PEM), a short session timeout."""
+    """The Java client's settings: TLS with the test CA (PEM), the tests' group timeouts."""
     path = directory / "java-client.properties"
     path.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.location={pki.ca}\n"
-                    f"session.timeout.ms={SESSION_TIMEOUT_MS}\n")
+                    + "".join(f"{key}={value}\n" for key, value in GROUP_TIMEOUTS.items()))
     return path
 
 
@@ -527,7 +526,7 @@ class TestOnePortThreeBrokers:
                 pytest.fail("confluent-kafka's part needs `unshare --mount` (a private /etc/hosts)",
                             pytrace=False)
             args = {"bootstrap": bootstrap, "topic": topic, "count": 60, "ca": str(pki.ca),
-                    "timeout": CLIENT_TIMEOUT_S}
+                    "timeout": CLIENT_TIMEOUT_S, "group": GROUP_TIMEOUTS}
             ran = hosts.run_with_hosts([sys.executable, "-c", CONFLUENT_SCRIPT, json.dumps(args)],
                                        timeout=CLIENT_TIMEOUT_S * 3)
             assert ran.returncode == 0, ran.stderr[-3000:]
@@ -588,7 +587,7 @@ class TestOnePortThreeBrokers:
             stop_file = tmp_path / "stop-confluent"
             args = {"bootstrap": f"{BOOTSTRAP_NAME}:{port}", "topic": topic, "ca": str(pki.ca),
                     "stop_file": str(stop_file), "interval": PRODUCE_INTERVAL_S,
-                    "timeout": CONSUME_TIMEOUT_S}
+                    "timeout": CONSUME_TIMEOUT_S, "group": GROUP_TIMEOUTS}
             pool = concurrent.futures.ThreadPoolExecutor(2)
             confluent = pool.submit(
                 hosts.run_with_hosts, [sys.executable, "-c", CONFLUENT_TRAFFIC_SCRIPT, json.dumps(args)],
@@ -663,7 +662,7 @@ class KafkaPythonTraffic(Traffic):
     def _consume(self):
         from kafka import KafkaConsumer
         consumer = KafkaConsumer(self.topic, bootstrap_servers=self.bootstrap, group_id=f"g-{self.topic}",
-                                 auto_offset_reset="earliest", session_timeout_ms=SESSION_TIMEOUT_MS,
+                                 auto_offset_reset="earliest", **KP_GROUP_TIMEOUTS,
                                  **self.ssl)
         try:
             while self.consuming():
