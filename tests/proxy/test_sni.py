@@ -439,10 +439,33 @@ def kp_ssl(pki, identity=None) -> dict:
     return settings
 
 
+def kp_group_consumer(bootstrap: str, topic: str, group: str, **settings):
+    """A kafka-python consumer in ``group``, subscribed to ``topic``, that knows the topic's
+    partitions before its first poll (so before it joins).
+
+    Subscribed at once, kafka-python 3.0 joins before its first Metadata answer for the
+    topic is in: as the group's leader it assigns nothing, then rejoins when the answer
+    comes. If that rejoin outlasts one ``poll()`` timeout (a few hundred ms on a loaded
+    machine) the client drops the finished join and, no longer seeing a reason to rejoin,
+    stays wedged: no partitions, no heartbeats (the broker expels it; LeaveGroup on close
+    answers UNKNOWN_MEMBER_ID). Knowing the partitions first, its first join assigns them.
+    """
+    from kafka import KafkaConsumer
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+                             **KP_GROUP_TIMEOUTS, **settings)
+    try:
+        consumer.subscribe([topic])          # first: the Metadata answer below updates the group's view
+        wait_for(lambda: consumer.partitions_for_topic(topic), ADMIN_TIMEOUT_S, f"{topic}'s partitions")
+    except BaseException:
+        consumer.close()
+        raise
+    return consumer
+
+
 def kp_round_trip(bootstrap: str, topic: str, prefix: str, count: int, **ssl_settings) -> set:
     """kafka-python: produce ``count`` with acks=all, consume them in a group; the
     brokers its metadata lists."""
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaProducer
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, **ssl_settings)
     try:
         futures = [producer.send(topic, f"{prefix}-{i}".encode()) for i in range(count)]
@@ -452,9 +475,7 @@ def kp_round_trip(bootstrap: str, topic: str, prefix: str, count: int, **ssl_set
         brokers = {(b.host, b.port) for b in producer._metadata.brokers()}
     finally:
         producer.close(CLIENT_TIMEOUT_S)
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"kp-{topic}-{prefix}",
-                             auto_offset_reset="earliest", **KP_GROUP_TIMEOUTS,
-                             **ssl_settings)
+    consumer = kp_group_consumer(bootstrap, topic, f"kp-{topic}-{prefix}", **ssl_settings)
     wanted = {f"{prefix}-{i}".encode() for i in range(count)}
     got: set[bytes] = set()
     deadline = time.monotonic() + CLIENT_TIMEOUT_S
@@ -660,10 +681,7 @@ class KafkaPythonTraffic(Traffic):
             producer.close(self.timeout)
 
     def _consume(self):
-        from kafka import KafkaConsumer
-        consumer = KafkaConsumer(self.topic, bootstrap_servers=self.bootstrap, group_id=f"g-{self.topic}",
-                                 auto_offset_reset="earliest", **KP_GROUP_TIMEOUTS,
-                                 **self.ssl)
+        consumer = kp_group_consumer(self.bootstrap, self.topic, f"g-{self.topic}", **self.ssl)
         try:
             while self.consuming():
                 for records in consumer.poll(timeout_ms=200).values():   # not confluent's ck-<n>
