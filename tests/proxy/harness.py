@@ -4,6 +4,8 @@
 - ``KproxyProcess``: ``kproxy run`` in a process of its own (its memory, its limits, its workers);
 - ``silent_port``: a broker that accepts connections and never answers;
 - ``Traffic``: a producer and a group consumer on threads of their own, counting what got through;
+- ``GROUP_TIMEOUTS`` (librdkafka and Java names), ``KP_GROUP_TIMEOUTS`` (kafka-python's): how
+  long a group member may go unheard before the broker expels it, and how often it speaks;
 - ``wait_for`` and ``http_status``: deadlines on a condition, and an HTTP answer as (status, text);
 - ``ssl_config``, ``sasl_config``: confluent-kafka settings for a client of a TLS or SASL kproxy.
 """
@@ -305,6 +307,18 @@ class KproxyProcess:
 
 # ---------------------------------------------------------------- clients that keep going
 
+# A group consumer's session: short (the broker's minimum), so a member that went away
+# without leaving is replaced quickly; heartbeats at a sixth of it, so the broker expels a
+# member only if none gets through for 5 s past its due time. At the clients' default
+# interval (3 s, half this session; kafka-python warns about the pair) one heartbeat held
+# up over 3 s -- the client or kproxy's loop starved on a loaded 2-core machine -- expelled
+# the member: its commits failed (UNKNOWN_MEMBER_ID) and each rejoin restarted it from the
+# last commit, rereading what it had already counted instead of making progress.
+SESSION_TIMEOUT_MS = 6000
+HEARTBEAT_INTERVAL_MS = 1000
+GROUP_TIMEOUTS = {"session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS}
+KP_GROUP_TIMEOUTS = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS}
+
 TRAFFIC_PRODUCE_INTERVAL_S = 0.005   # pace of ConfluentTraffic's producer (~200 messages/s)
 
 
@@ -368,9 +382,14 @@ class Traffic:
     def wait_for_progress(self, count: int, what: str) -> None:
         """Wait until ``count`` more messages are both acknowledged and consumed."""
         delivered, consumed = len(self.delivered), len(self.consumed)
-        wait_for(lambda: self.check() or (len(self.delivered) >= delivered + count
-                                          and len(self.consumed) >= consumed + count),
-                 self.timeout, f"{count} messages through kproxy {what}")
+        try:
+            wait_for(lambda: self.check() or (len(self.delivered) >= delivered + count
+                                              and len(self.consumed) >= consumed + count),
+                     self.timeout, f"{count} messages through kproxy {what}")
+        except AssertionError as exc:          # which side fell short
+            exc.add_note(f"meanwhile {len(self.delivered) - delivered} acknowledged, "
+                         f"{len(self.consumed) - consumed} consumed")
+            raise
 
     def stop_producing(self) -> None:
         """Stop producing; return once the producer has flushed (every answer is in)."""
@@ -413,7 +432,7 @@ class ConfluentTraffic(Traffic):
     def _consume(self):
         from confluent_kafka import Consumer
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"g-{self.topic}",
-                             "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
+                             "auto.offset.reset": "earliest", **GROUP_TIMEOUTS})
         consumer.subscribe([self.topic])
         try:
             while self.consuming():

@@ -36,8 +36,8 @@ from tests.proxy.certs import PKI
 from tests.proxy.cluster import (ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S,
                                  api_trace, assert_no_upstream_address, create_topic, leads_again, port_free_on,
                                  stop_partition_0_leader, topic_name, upstream_addresses)
-from tests.proxy.harness import (PASSWORD, SCRAM_USER, ConfluentTraffic, ProxyThread, free_ports, http_status,
-                                 sasl_config, ssl_config, wait_for)
+from tests.proxy.harness import (GROUP_TIMEOUTS, PASSWORD, SCRAM_USER, ConfluentTraffic, ProxyThread, free_ports,
+                                 http_status, sasl_config, ssl_config, wait_for)
 from tests.proxy.wire import METADATA, RawClient, api_versions_ok, framed
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
@@ -78,7 +78,7 @@ def round_trip(config: dict, topic: str, count: int = 20) -> None:
 def consume(config: dict, topic: str, expected: set[bytes]) -> None:
     from confluent_kafka import Consumer
     consumer = Consumer({**config, "group.id": f"g-{topic}", "auto.offset.reset": "earliest",
-                         "session.timeout.ms": 6000})
+                         **GROUP_TIMEOUTS})
     consumer.subscribe([topic])
     got: set[bytes] = set()
     deadline = time.monotonic() + CONSUME_TIMEOUT_S

@@ -45,14 +45,13 @@ from tests.proxy.cluster import (
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
     assert_no_upstream_address, create_topic, leads_again, port_free_on, stop_partition_0_leader,
     topic_name, upstream_addresses)
-from tests.proxy.harness import ProxyThread, Traffic, wait_for
+from tests.proxy.harness import GROUP_TIMEOUTS, KP_GROUP_TIMEOUTS, ProxyThread, Traffic, wait_for
 
 TEMPLATE = f"broker-{{node_id}}.{SNI_DOMAIN}"
 BOOTSTRAP_NAME = f"bootstrap.{SNI_DOMAIN}"
 HANDSHAKE_TIMEOUT_S = 10.0
 TOOL_TIMEOUT_S = 180.0            # a JVM start, a group join and a read on 2 shared cores
 CLIENT_TIMEOUT_S = 90.0           # each client's produce-and-consume, as in test_cluster
-SESSION_TIMEOUT_MS = 6000
 PROGRESS = 50                     # messages that must get through in each phase of the move
 PRODUCE_INTERVAL_S = 0.01
 JAVA_IDLE_EXIT_S = 20.0           # the console consumer stops after this long with nothing new
@@ -373,7 +372,7 @@ CONFLUENT_SCRIPT = textwrap.dedent("""
     left = producer.flush(args["timeout"])
     brokers = sorted([b.host, b.port] for b in producer.list_topics(timeout=args["timeout"]).brokers.values())
     consumer = Consumer({**common, "group.id": "ck-" + args["topic"], "auto.offset.reset": "earliest",
-                         "session.timeout.ms": 6000})
+                         **args["group"]})
     consumer.subscribe([args["topic"]])
     got, deadline = set(), time.monotonic() + args["timeout"]
     while len(got) < args["count"] and time.monotonic() < deadline:
@@ -406,7 +405,7 @@ CONFLUENT_TRAFFIC_SCRIPT = textwrap.dedent("""
         producer.poll(args["interval"])
     left = producer.flush(args["timeout"])
     consumer = Consumer({**common, "group.id": "ck-" + args["topic"], "auto.offset.reset": "earliest",
-                         "session.timeout.ms": 6000})
+                         **args["group"]})
     consumer.subscribe([args["topic"]])
     got, deadline = set(), time.monotonic() + args["timeout"]
     while not delivered <= got and time.monotonic() < deadline:
@@ -444,10 +443,33 @@ def kp_ssl(pki, identity=None) -> dict:
     return settings
 
 
+def kp_group_consumer(bootstrap: str, topic: str, group: str, **settings):
+    """A kafka-python consumer in ``group``, subscribed to ``topic``, that knows the topic's
+    partitions before its first poll (so before it joins).
+
+    Subscribed at once, kafka-python 3.0 joins before its first Metadata answer for the
+    topic is in: as the group's leader it assigns nothing, then rejoins when the answer
+    comes. If that rejoin outlasts one ``poll()`` timeout (a few hundred ms on a loaded
+    machine) the client drops the finished join and, no longer seeing a reason to rejoin,
+    stays wedged: no partitions, no heartbeats (the broker expels it; LeaveGroup on close
+    answers UNKNOWN_MEMBER_ID). Knowing the partitions first, its first join assigns them.
+    """
+    from kafka import KafkaConsumer
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+                             **KP_GROUP_TIMEOUTS, **settings)
+    try:
+        consumer.subscribe([topic])          # first: the Metadata answer below updates the group's view
+        wait_for(lambda: consumer.partitions_for_topic(topic), ADMIN_TIMEOUT_S, f"{topic}'s partitions")
+    except BaseException:
+        consumer.close()
+        raise
+    return consumer
+
+
 def kp_round_trip(bootstrap: str, topic: str, prefix: str, count: int, **ssl_settings) -> set:
     """kafka-python: produce ``count`` with acks=all, consume them in a group; the
     brokers its metadata lists."""
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaProducer
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, **ssl_settings)
     try:
         futures = [producer.send(topic, f"{prefix}-{i}".encode()) for i in range(count)]
@@ -457,9 +479,7 @@ def kp_round_trip(bootstrap: str, topic: str, prefix: str, count: int, **ssl_set
         brokers = {(b.host, b.port) for b in producer._metadata.brokers()}
     finally:
         producer.close(CLIENT_TIMEOUT_S)
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"kp-{topic}-{prefix}",
-                             auto_offset_reset="earliest", session_timeout_ms=SESSION_TIMEOUT_MS,
-                             **ssl_settings)
+    consumer = kp_group_consumer(bootstrap, topic, f"kp-{topic}-{prefix}", **ssl_settings)
     wanted = {f"{prefix}-{i}".encode() for i in range(count)}
     got: set[bytes] = set()
     deadline = time.monotonic() + CLIENT_TIMEOUT_S
@@ -480,10 +500,10 @@ def java_fetch(event) -> bool:
 
 
 def java_properties(directory: Path, pki) -> Path:
-    """The Java client's settings: TLS with the test CA (PEM), a short session timeout."""
+    """The Java client's settings: TLS with the test CA (PEM), the tests' group timeouts."""
     path = directory / "java-client.properties"
     path.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.location={pki.ca}\n"
-                    f"session.timeout.ms={SESSION_TIMEOUT_MS}\n")
+                    + "".join(f"{key}={value}\n" for key, value in GROUP_TIMEOUTS.items()))
     return path
 
 
@@ -531,7 +551,7 @@ class TestOnePortThreeBrokers:
                 pytest.fail("confluent-kafka's part needs `unshare --mount` (a private /etc/hosts)",
                             pytrace=False)
             args = {"bootstrap": bootstrap, "topic": topic, "count": 60, "ca": str(pki.ca),
-                    "timeout": CLIENT_TIMEOUT_S}
+                    "timeout": CLIENT_TIMEOUT_S, "group": GROUP_TIMEOUTS}
             ran = hosts.run_with_hosts([sys.executable, "-c", CONFLUENT_SCRIPT, json.dumps(args)],
                                        timeout=CLIENT_TIMEOUT_S * 3)
             assert ran.returncode == 0, ran.stderr[-3000:]
@@ -592,7 +612,7 @@ class TestOnePortThreeBrokers:
             stop_file = tmp_path / "stop-confluent"
             args = {"bootstrap": f"{BOOTSTRAP_NAME}:{port}", "topic": topic, "ca": str(pki.ca),
                     "stop_file": str(stop_file), "interval": PRODUCE_INTERVAL_S,
-                    "timeout": CONSUME_TIMEOUT_S}
+                    "timeout": CONSUME_TIMEOUT_S, "group": GROUP_TIMEOUTS}
             pool = concurrent.futures.ThreadPoolExecutor(2)
             confluent = pool.submit(
                 hosts.run_with_hosts, [sys.executable, "-c", CONFLUENT_TRAFFIC_SCRIPT, json.dumps(args)],
@@ -665,10 +685,7 @@ class KafkaPythonTraffic(Traffic):
             producer.close(self.timeout)
 
     def _consume(self):
-        from kafka import KafkaConsumer
-        consumer = KafkaConsumer(self.topic, bootstrap_servers=self.bootstrap, group_id=f"g-{self.topic}",
-                                 auto_offset_reset="earliest", session_timeout_ms=SESSION_TIMEOUT_MS,
-                                 **self.ssl)
+        consumer = kp_group_consumer(self.bootstrap, self.topic, f"g-{self.topic}", **self.ssl)
         try:
             while self.consuming():
                 for records in consumer.poll(timeout_ms=200).values():   # not confluent's ck-<n>
