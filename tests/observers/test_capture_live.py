@@ -17,7 +17,7 @@ import pytest
 from kproxy.observers.capture import Capture, CaptureConfig
 from kproxy.protocol.connection import RequestReceived, ResponseReceived
 from tests.observers.captures import files, read_jsonl, read_parquet, tshark
-from tests.proxy.harness import ProxyThread, free_ports
+from tests.proxy.harness import ProxyThread, free_ports, kafka_python_group_consumer
 
 pytestmark = [
     pytest.mark.broker,
@@ -28,7 +28,7 @@ pytestmark = [
 
 
 def test_capture_real_client_traffic(kafka_cluster, tmp_path):
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaProducer
 
     capture = Capture()
     closed = []                   # (connection id, requests in flight): what the relay's close hook said
@@ -71,9 +71,8 @@ def test_capture_real_client_traffic(kafka_cluster, tmp_path):
             fire_and_forget.send(topic, value=b"acks0-%d" % i).get(10)
         fire_and_forget.flush()
         fire_and_forget.close()
-        consumer = KafkaConsumer(topic, client_id="cap-consumer", group_id=f"g-{topic}",
-                                 auto_offset_reset="earliest", consumer_timeout_ms=4000,
-                                 session_timeout_ms=6000, heartbeat_interval_ms=1000, **common)
+        consumer = kafka_python_group_consumer(proxy.bootstrap, topic, f"g-{topic}", client_id="cap-consumer",
+                                               consumer_timeout_ms=4000, api_version=common["api_version"])
         got = [m.value for m in consumer]
         consumer.close()
     status = capture.stop()

@@ -3,7 +3,9 @@
 - ``ProxyThread``: a Runtime on its own event-loop thread, for tests driving blocking clients;
 - ``KproxyProcess``: ``kproxy run`` in a process of its own (its memory, its limits, its workers);
 - ``silent_port``: a broker that accepts connections and never answers;
-- ``Traffic``: a producer and a group consumer on threads of their own, counting what got through;
+- ``Traffic``: a producer and a group consumer on threads of their own, counting what got through
+  (``ConfluentTraffic``: with confluent-kafka);
+- ``kafka_python_group_consumer``: a kafka-python group member that cannot wedge on its first join;
 - ``GROUP_TIMEOUTS`` (librdkafka and Java names), ``KP_GROUP_TIMEOUTS`` (kafka-python's): how
   long a group member may go unheard before the broker expels it, and how often it speaks;
 - ``wait_for`` and ``http_status``: deadlines on a condition, and an HTTP answer as (status, text);
@@ -319,6 +321,7 @@ HEARTBEAT_INTERVAL_MS = 1000
 GROUP_TIMEOUTS = {"session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS}
 KP_GROUP_TIMEOUTS = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS}
 
+GROUP_METADATA_TIMEOUT_S = 30.0     # a Metadata answer on a busy 2-core machine
 TRAFFIC_PRODUCE_INTERVAL_S = 0.005   # pace of ConfluentTraffic's producer (~200 messages/s)
 
 
@@ -441,6 +444,29 @@ class ConfluentTraffic(Traffic):
                     self.consumed.add(int(msg.value()))
         finally:
             consumer.close()
+
+
+def kafka_python_group_consumer(bootstrap: str, topic: str, group: str, **settings):
+    """A kafka-python consumer in ``group``, subscribed to ``topic``, that knows the topic's
+    partitions before its first poll (so before it joins).
+
+    Subscribed at once, kafka-python 3.0 joins before its first Metadata answer for the
+    topic is in: as the group's leader it assigns nothing, then rejoins when the answer
+    comes. If that rejoin outlasts one ``poll()`` timeout (a few hundred ms on a loaded
+    machine) the client drops the finished join and, no longer seeing a reason to rejoin,
+    stays wedged: no partitions, no heartbeats (the broker expels it; LeaveGroup on close
+    answers UNKNOWN_MEMBER_ID). Knowing the partitions first, its first join assigns them.
+    """
+    from kafka import KafkaConsumer
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+                             **KP_GROUP_TIMEOUTS, **settings)
+    try:
+        consumer.subscribe([topic])          # first: the Metadata answer below updates the group's view
+        wait_for(lambda: consumer.partitions_for_topic(topic), GROUP_METADATA_TIMEOUT_S, f"{topic}'s partitions")
+    except BaseException:
+        consumer.close()
+        raise
+    return consumer
 
 
 # ---------------------------------------------------------------- clients of a TLS or SASL kproxy

@@ -40,7 +40,7 @@ import pytest
 from kproxy.embedded import KafkaCluster, TansuBroker, run_tool
 from kproxy.protocol.connection import Connection, MalformedFrame, RequestReceived, ResponseReceived
 from kproxy.protocol.records import iter_batches
-from tests.proxy.harness import ProxyThread, free_ports, wait_for
+from tests.proxy.harness import ProxyThread, free_ports, kafka_python_group_consumer, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -742,16 +742,14 @@ def test_kafka_python_codec(kafka4: Target, traffic: Traffic, codec: str) -> Non
 
 def _kp_group_round_trip(target: Target, traffic: Traffic, prefix: str, **client) -> str:
     """Create, produce, consume in a classic group, check the coordinator and commits."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
     topic, group = unique(prefix), unique(f"{prefix}-g")
     kp_create_topic(target, topic, **client)
     sent = messages(topic, 300)
     kp_produce(target, topic, sent, compression_type="gzip", acks="all", **client)
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=target.bootstrap, group_id=group,
-                             auto_offset_reset="earliest", enable_auto_commit=False,
-                             session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=1000, **client)
+    consumer = kafka_python_group_consumer(target.bootstrap, topic, group, enable_auto_commit=False, **client)
     try:
         received = kp_consume(consumer, len(sent), to_end=target.end_offsets_reliable)
         log_records = kp_log_records(consumer, topic, 3) if target.end_offsets_reliable else None

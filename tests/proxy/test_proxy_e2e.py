@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from kproxy.protocol.connection import ResponseReceived
-from tests.proxy.harness import ProxyThread
+from tests.proxy.harness import ProxyThread, kafka_python_group_consumer
 
 pytestmark = pytest.mark.broker
 
@@ -52,7 +52,7 @@ def assert_no_upstream_address(kafka_cluster, client_bytes, proxy):
 
 
 def test_kafka_python_produce_consume_through_kproxy(kafka_cluster, proxy, client_bytes):
-    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+    from kafka import KafkaAdminClient, KafkaProducer
     from kafka.admin import NewTopic
 
     topic = f"kp-{uuid.uuid4().hex[:8]}"
@@ -69,9 +69,7 @@ def test_kafka_python_produce_consume_through_kproxy(kafka_cluster, proxy, clien
     producer.flush()
     producer.close()
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap, group_id=f"g-{topic}",
-                             auto_offset_reset="earliest", session_timeout_ms=6000,
-                             heartbeat_interval_ms=1000, consumer_timeout_ms=8000)
+    consumer = kafka_python_group_consumer(proxy.bootstrap, topic, f"g-{topic}", consumer_timeout_ms=8000)
     got = {m.key: m.value for m in consumer}
     consumer.close()
     assert got == sent

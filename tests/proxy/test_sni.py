@@ -45,7 +45,7 @@ from tests.proxy.cluster import (
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
     assert_no_upstream_address, create_topic, leads_again, port_free_on, stop_partition_0_leader,
     topic_name, upstream_addresses)
-from tests.proxy.harness import GROUP_TIMEOUTS, KP_GROUP_TIMEOUTS, ProxyThread, Traffic, wait_for
+from tests.proxy.harness import GROUP_TIMEOUTS, ProxyThread, Traffic, kafka_python_group_consumer, wait_for
 
 TEMPLATE = f"broker-{{node_id}}.{SNI_DOMAIN}"
 BOOTSTRAP_NAME = f"bootstrap.{SNI_DOMAIN}"
@@ -443,29 +443,6 @@ def kp_ssl(pki, identity=None) -> dict:
     return settings
 
 
-def kp_group_consumer(bootstrap: str, topic: str, group: str, **settings):
-    """A kafka-python consumer in ``group``, subscribed to ``topic``, that knows the topic's
-    partitions before its first poll (so before it joins).
-
-    Subscribed at once, kafka-python 3.0 joins before its first Metadata answer for the
-    topic is in: as the group's leader it assigns nothing, then rejoins when the answer
-    comes. If that rejoin outlasts one ``poll()`` timeout (a few hundred ms on a loaded
-    machine) the client drops the finished join and, no longer seeing a reason to rejoin,
-    stays wedged: no partitions, no heartbeats (the broker expels it; LeaveGroup on close
-    answers UNKNOWN_MEMBER_ID). Knowing the partitions first, its first join assigns them.
-    """
-    from kafka import KafkaConsumer
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-                             **KP_GROUP_TIMEOUTS, **settings)
-    try:
-        consumer.subscribe([topic])          # first: the Metadata answer below updates the group's view
-        wait_for(lambda: consumer.partitions_for_topic(topic), ADMIN_TIMEOUT_S, f"{topic}'s partitions")
-    except BaseException:
-        consumer.close()
-        raise
-    return consumer
-
-
 def kp_round_trip(bootstrap: str, topic: str, prefix: str, count: int, **ssl_settings) -> set:
     """kafka-python: produce ``count`` with acks=all, consume them in a group; the
     brokers its metadata lists."""
@@ -479,7 +456,7 @@ def kp_round_trip(bootstrap: str, topic: str, prefix: str, count: int, **ssl_set
         brokers = {(b.host, b.port) for b in producer._metadata.brokers()}
     finally:
         producer.close(CLIENT_TIMEOUT_S)
-    consumer = kp_group_consumer(bootstrap, topic, f"kp-{topic}-{prefix}", **ssl_settings)
+    consumer = kafka_python_group_consumer(bootstrap, topic, f"kp-{topic}-{prefix}", **ssl_settings)
     wanted = {f"{prefix}-{i}".encode() for i in range(count)}
     got: set[bytes] = set()
     deadline = time.monotonic() + CLIENT_TIMEOUT_S
@@ -685,7 +662,7 @@ class KafkaPythonTraffic(Traffic):
             producer.close(self.timeout)
 
     def _consume(self):
-        consumer = kp_group_consumer(self.bootstrap, self.topic, f"g-{self.topic}", **self.ssl)
+        consumer = kafka_python_group_consumer(self.bootstrap, self.topic, f"g-{self.topic}", **self.ssl)
         try:
             while self.consuming():
                 for records in consumer.poll(timeout_ms=200).values():   # not confluent's ck-<n>
