@@ -562,6 +562,21 @@ def _figure(stats: dict, key: str) -> float | None:
     return summary["median"] if summary is not None else None
 
 
+def _rounds_ahead(paths: dict, key: str, direction: int, peer: str) -> str:
+    """In how many rounds kproxy was ahead of ``peer`` on a row ("" for rows measured once):
+    the paths of a round ran back to back, so a round's figures are a pair."""
+    per_round = key.removeprefix("added_")
+    if key.endswith("_ratio"):          # same round, same direct: the MB/s compare as the ratios
+        per_round = key.removesuffix("_ratio") + "_mb_s"
+    mine, theirs = paths["kproxy"]["rounds"].get(per_round), paths[peer]["rounds"].get(per_round)
+    if not mine or not theirs:
+        return ""
+    if key.startswith("added_") or key.endswith("_ratio") or key.startswith("cpu"):
+        ahead = sum(direction * (a - b) > 0 for a, b in zip(mine, theirs))
+        return f" [{ahead}/{min(len(mine), len(theirs))}]"
+    return ""
+
+
 def print_goals(results: dict) -> None:
     """kproxy against each goal, beside the peers and the floor (the best of the Kafka-blind
     relays in this run): a goal the floor misses too is out of any relay's reach here."""
@@ -570,11 +585,12 @@ def print_goals(results: dict) -> None:
         return
     peers = [label for label in paths if label.startswith(PEER_PREFIXES)]
     floor = [label for label in paths if label in FLOOR_LABELS]
-    print("the speed goals (#12) in this run: kproxy, the peers, and the floor (best Kafka-blind relay)")
+    print("the speed goals (#12) in this run: kproxy, the peers (medians; [k/n]: kproxy ahead of that "
+          "peer in k of n rounds), the floor (best Kafka-blind relay)")
     for title, key, direction, bound in GOALS:
         mine = _figure(paths["kproxy"], key)
-        compared = [p for p in peers if p not in NOT_COMPARED.get(key, ())]
-        theirs = [v for v in (_figure(paths[p], key) for p in compared) if v is not None]
+        compared = [p for p in peers if p not in NOT_COMPARED.get(key, ()) and _figure(paths[p], key) is not None]
+        theirs = [_figure(paths[p], key) for p in compared]
         floors = [v for v in (_figure(paths[f], key) for f in floor) if v is not None]
         if mine is None:
             continue
@@ -590,7 +606,7 @@ def print_goals(results: dict) -> None:
         target = (f"{'>=' if direction == HIGHER else '<='} {bound:g}, " if bound is not None else "") + \
             f"{'above' if direction == HIGHER else 'below'} every peer"
         print(f"  {title:24} {target:32} kproxy {mine:7.3f}   peers "
-              + " ".join(f"{v:.3f}" for v in theirs)
+              + " ".join(f"{v:.3f}{_rounds_ahead(paths, key, direction, p)}" for p, v in zip(compared, theirs))
               + (f"   floor {best_floor:.3f}" if best_floor is not None else "") + f"   {verdict}")
 
 
