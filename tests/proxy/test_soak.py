@@ -1,11 +1,11 @@
 """Soak runs of kproxy itself (opt-in: ``pytest -m soak --soak-seconds N``; see tests/soak.py).
 
 - ``test_soak_clients_beside_hostile_clients``: ``kproxy run`` in front of Kafka for N
-  seconds: a producer and a group consumer (confluent-kafka) that must lose nothing,
-  hostile clients (mutated requests, garbage, oversized and cut-short frames, another
-  protocol, resets) and a scrape of /metrics twice a second. After it kproxy's file
-  descriptors are back where the warm-up left them, its memory near it, and its log has
-  no ERROR and no traceback.
+  seconds (the first fifth, at least a minute, a warm-up): a producer and a group
+  consumer (confluent-kafka) that must lose nothing, hostile clients (mutated requests,
+  garbage, oversized and cut-short frames, another protocol, resets) and a scrape of
+  /metrics twice a second. After it kproxy's file descriptors are back where the warm-up
+  left them, its memory has levelled off, and its log has no ERROR and no traceback.
 - ``test_soak_hostile_broker``: a stand-in broker answering Metadata, FindCoordinator,
   DescribeCluster and Produce (with KIP-951 node endpoints) with valid answers, half of
   them mutated. Every answer a client gets decodes, and names only addresses kproxy
@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import struct
@@ -22,18 +23,22 @@ import time
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from kproxy.embedded import recv_exactly
 from kproxy.protocol import DecodeError, Response, Struct, decode_response, encode_response, new_body
 from kproxy.protocol.records import Record, build_batch
 from kproxy.proxy.rewrite import node_addresses
 from tests.protocol.mutations import mutate
 from tests.proxy.harness import ConfluentTraffic, KproxyProcess, ProxyThread
-from tests.proxy.wire import METADATA, StandInBroker, create_topic, framed, request_frame
-from prometheus_client.parser import text_string_to_metric_families
+from tests.proxy.wire import METADATA, StandInBroker, create_topic, request_frame
 
 pytestmark = pytest.mark.soak
 
-WARM_UP_FRACTION = 0.2          # of the run, before memory and descriptors are first read
+# Before memory and descriptors are first read: a fifth of the run, and at least the time
+# kproxy's memory took to level off under this load (within the first minute, measured).
+WARM_UP_FRACTION = 0.2
+MIN_WARM_UP_S = 60.0
 HOSTILE_THREADS = 2
 SCRAPE_INTERVAL_S = 0.5
 READ_WAIT_S = 0.2               # a hostile client reads what comes back this long
@@ -57,7 +62,6 @@ def rss_bytes(pid: int) -> int:
 
 
 def fd_count(pid: int) -> int:
-    import os
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
@@ -174,7 +178,7 @@ def test_soak_clients_beside_hostile_clients(kafka_cluster, tmp_path, soak_secon
         scraping.start()
         host, port = kproxy.bootstrap.rsplit(":", 1)
         with HostileClients((host, int(port)), seed) as hostile:
-            time.sleep(soak_seconds * WARM_UP_FRACTION)
+            time.sleep(max(MIN_WARM_UP_S, soak_seconds * WARM_UP_FRACTION))
             warm_fds = fd_count(kproxy.pid)
             rss = []
             deadline = time.monotonic() + soak_seconds * (1 - WARM_UP_FRACTION)
@@ -282,9 +286,9 @@ def test_soak_hostile_broker(kproxy_log, soak_seconds):
             frame, key, version = client_request(client_rng, correlation_id)
             try:
                 sock.sendall(frame)
-                size, = struct.unpack(">i", receive(sock, 4))
-                payload = receive(sock, size)
-            except (OSError, EOFError):
+                size, = struct.unpack(">i", recv_exactly(sock, 4))
+                payload = recv_exactly(sock, size)
+            except OSError:                      # (recv_exactly's ConnectionError too)
                 checked["closed"] += 1           # kproxy refused the answer: closed instead
                 sock.close()
                 sock = None
@@ -309,12 +313,3 @@ def test_soak_hostile_broker(kproxy_log, soak_seconds):
     assert checked["answers"] and checked["addresses"] and checked["closed"]
     assert listeners <= MAX_BROKERS
 
-
-def receive(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return bytes(data)

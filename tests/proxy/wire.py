@@ -301,7 +301,7 @@ class StandInBroker:
                 try:
                     size, = struct.unpack(">i", recv_exactly(conn, 4))
                     request = decode_request(recv_exactly(conn, size))
-                except (OSError, EOFError, struct.error, DecodeError):
+                except (OSError, struct.error, DecodeError):     # closed, or not Kafka
                     return
                 self.requests += 1
                 try:
