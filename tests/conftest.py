@@ -4,7 +4,8 @@ Broker fixtures fail, not skip, when Java or Maven is missing: a suite that quie
 its end-to-end tests looks green while proving nothing. Set KPROXY_SKIP_BROKER_TESTS=1 to
 skip every test that needs a broker on purpose (a quick run, a machine without Java).
 Tests that use a broker fixture get the ``broker`` marker automatically, so
-``pytest -m "not broker"`` selects the rest.
+``pytest -m "not broker"`` selects the rest. Tests marked ``soak`` run only with
+``--soak-seconds N`` (tests/soak.py); otherwise they are deselected.
 """
 
 from __future__ import annotations
