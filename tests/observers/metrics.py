@@ -96,7 +96,7 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def wait_for(check, what: str, proxy=None, timeout: float = WAIT_S, poll=None):
+def scrape_until(check, what: str, proxy=None, timeout: float = WAIT_S, poll=None):
     """Scrape until ``check(samples)`` holds; ``poll()`` keeps clients alive in between."""
     deadline = time.monotonic() + timeout
     while True:

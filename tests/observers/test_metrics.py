@@ -13,6 +13,7 @@ from kproxy.protocol import schema
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
 from kproxy.protocol.connection import Connection, UntrackableRequest
 from kproxy.protocol.records import Record, build_batch
+from tests.protocol.frames import framed
 
 
 class Clock:
@@ -20,10 +21,6 @@ class Clock:
 
     def __call__(self):
         return self.now
-
-
-def framed(payload):
-    return struct.pack(">i", len(payload)) + payload
 
 
 def exchange(metrics, conn, clock, api_key, version, correlation_id, request_fields, response_fields,

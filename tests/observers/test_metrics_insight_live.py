@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.observers.metrics import WAIT_S, sample, scrape, unique, wait_for
+from tests.observers.metrics import WAIT_S, sample, scrape, unique, scrape_until
 from tests.proxy.harness import ProxyThread
 
 pytestmark = pytest.mark.broker
@@ -43,7 +43,7 @@ def test_inventory_names_each_client_and_its_version(proxy):
     python = KafkaProducer(bootstrap_servers=proxy.bootstrap)
     python.send(topic, b"v").get(timeout=30)
     try:
-        m = wait_for(lambda m: any(name == "kafka-python" for name, _ in software_series(m)),
+        m = scrape_until(lambda m: any(name == "kafka-python" for name, _ in software_series(m)),
                      "kafka-python in the inventory", proxy)
         seen = software_series(m)
         # Both clients say who they are in their own words (their packages' versions).
@@ -119,13 +119,13 @@ def test_a_second_classic_consumer_is_a_counted_rebalance(proxy):
     second = None
     try:
         poll = _assigned([first], 4)
-        m = wait_for(lambda m: sample(m, "kproxy_group_rebalance_seconds_count", group=group) >= 1,
+        m = scrape_until(lambda m: sample(m, "kproxy_group_rebalance_seconds_count", group=group) >= 1,
                      "the first round's duration", proxy, poll=poll)
         before = sample(m, "kproxy_group_rebalances_total", group=group, protocol="classic")
         assert before >= 1 and sample(m, "kproxy_group_members", group=group) == 1
         second = _consumer(proxy, group, topic)
         poll = _assigned([first, second], 4)
-        m = wait_for(lambda m: sample(m, "kproxy_group_members", group=group) == 2,
+        m = scrape_until(lambda m: sample(m, "kproxy_group_members", group=group) == 2,
                      "two members", proxy, poll=poll)
         assert sample(m, "kproxy_group_rebalances_total", group=group, protocol="classic") >= before + 1
         assert sample(m, "kproxy_group_rebalance_seconds_count", group=group) >= 2
@@ -146,13 +146,13 @@ def test_a_second_kip848_consumer_bumps_the_group_epoch(proxy):
     second = None
     try:
         poll = _assigned([first], 4)
-        m = wait_for(lambda m: sample(m, "kproxy_group_members", group=group) == 1, "one member", proxy,
+        m = scrape_until(lambda m: sample(m, "kproxy_group_members", group=group) == 1, "one member", proxy,
                      poll=poll)
         before = sample(m, "kproxy_group_rebalances_total", group=group, protocol="consumer")
         assert before >= 1
         second = _consumer(proxy, group, topic, **extra)
         poll = _assigned([first, second], 4)
-        m = wait_for(lambda m: sample(m, "kproxy_group_members", group=group) == 2, "two members", proxy,
+        m = scrape_until(lambda m: sample(m, "kproxy_group_members", group=group) == 2, "two members", proxy,
                      poll=poll)
         assert sample(m, "kproxy_group_rebalances_total", group=group, protocol="consumer") >= before + 1
         assert sample(m, "kproxy_group_rebalances_total", group=group, protocol="classic") == 0
@@ -182,7 +182,7 @@ def test_inventory_names_the_java_client(proxy, kafka_cluster):
     thread = threading.Thread(target=consume, daemon=True)
     thread.start()
     try:
-        m = wait_for(lambda m: done.is_set() or any(name == "apache-kafka-java" for name, _ in software_series(m)),
+        m = scrape_until(lambda m: done.is_set() or any(name == "apache-kafka-java" for name, _ in software_series(m)),
                      "the Java client in the inventory", proxy, timeout=90)
         java = ("apache-kafka-java", tools_version(kafka_cluster.version))     # the tools' kafka-clients
         assert java in software_series(m), software_series(m)

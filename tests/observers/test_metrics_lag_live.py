@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.observers.metrics import sample, unique, wait_for
+from tests.observers.metrics import sample, unique, scrape_until
 from tests.proxy.harness import ProxyThread
 
 pytestmark = pytest.mark.broker
@@ -48,7 +48,7 @@ def test_a_paused_consumer_that_never_commits_shows_the_brokers_lag(proxy):
             if message is not None and message.error() is None:
                 read += 1
         # Caught up: its next fetch asks for offset FIRST, and kproxy sees no lag.
-        wait_for(lambda m: sample(m, LAG, client_id=client_id, topic=topic) == 0
+        scrape_until(lambda m: sample(m, LAG, client_id=client_id, topic=topic) == 0
                  and (LAG, (("client_id", client_id), ("topic", topic))) in m,
                  "the caught-up consumer's fetch", proxy)
         # Paused (no more polls) while the topic grows by one produce request.
@@ -58,10 +58,10 @@ def test_a_paused_consumer_that_never_commits_shows_the_brokers_lag(proxy):
         _, latest = consumer.get_watermark_offsets(partition, timeout=10, cached=False)
         position = consumer.position([partition])[0].offset
         assert (latest, position) == (FIRST + SECOND, FIRST)      # the broker's view, the consumer's
-        m = wait_for(lambda m: sample(m, LAG, client_id=client_id, topic=topic) == latest - position,
+        m = scrape_until(lambda m: sample(m, LAG, client_id=client_id, topic=topic) == latest - position,
                      f"lag {latest - position}", proxy)
         assert sample(m, LAG, client_id=client_id, topic=topic) == SECOND
     finally:
         consumer.close()
     # Its connections closed: it is behind no more, as far as kproxy knows.
-    wait_for(lambda m: sample(m, LAG, client_id=client_id, topic=topic) == 0, "no lag once closed", proxy)
+    scrape_until(lambda m: sample(m, LAG, client_id=client_id, topic=topic) == 0, "no lag once closed", proxy)

@@ -18,7 +18,7 @@ import pytest
 
 from kproxy.observers.capture import CaptureConfig
 from tests.observers.captures import read_jsonl, read_parquet
-from tests.observers.metrics import sample, wait_for
+from tests.observers.metrics import sample, scrape_until
 from tests.proxy.harness import PASSWORD, SCRAM_USER, ProxyThread, sasl_config, ssl_config
 
 pytestmark = pytest.mark.broker
@@ -47,7 +47,7 @@ def test_sasl_user_is_the_principal_and_the_password_is_nowhere(sasl_cluster, tm
         for i in range(5):
             producer.produce(topic, b"v%d" % i)
         assert producer.flush(30) == 0
-        m = wait_for(lambda m: sample(m, "kproxy_principal_requests_total", principal=SCRAM_USER,
+        m = scrape_until(lambda m: sample(m, "kproxy_principal_requests_total", principal=SCRAM_USER,
                                       api="Produce") >= 1, "Produce under the SASL user", proxy)
         del producer
         with urllib.request.urlopen(proxy.admin_url + "/metrics", timeout=10) as r:
@@ -85,7 +85,7 @@ def test_client_certificate_subject_is_the_principal(kafka_cluster, pki):
         producer.produce(f"mtls-principal-{uuid.uuid4().hex[:8]}", b"v")
         assert producer.flush(30) == 0
         # The subject make_pki gave the client certificate, as Kafka would name it.
-        m = wait_for(lambda m: sample(m, "kproxy_principal_requests_total", principal="CN=client",
+        m = scrape_until(lambda m: sample(m, "kproxy_principal_requests_total", principal="CN=client",
                                       api="Produce") == 1, "Produce under the certificate subject", proxy)
         assert sample(m, "kproxy_principal_requests_total", principal="ANONYMOUS", api="Produce") == 0
         del producer

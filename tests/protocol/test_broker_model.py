@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 from kproxy.protocol import Request, encode_request, new_body
 from kproxy.protocol.connection import (Connection, ProtocolViolation, ResponseReceived,
                                         UnpairedResponse, UntrackableRequest)
-from tests.protocol.frames import uvarint
+from tests.protocol.frames import framed, uvarint
 from tests.soak import run_for
 
 METADATA, PRODUCE, API_VERSIONS = 3, 0, 18
@@ -158,10 +158,6 @@ def broker_outcome(frame: bytes) -> str:
 
 
 # ---------------------------------------------------------------- streams
-
-def framed(payload: bytes) -> bytes:
-    return struct.pack(">i", len(payload)) + payload
-
 
 @st.composite
 def varints(draw, value: int) -> bytes:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tests.proxy.harness import http_status
 
-ANSWER_TIMEOUT_S = 10.0
+PROBE_ANSWER_TIMEOUT_S = 10.0
 
 
 def get(url: str) -> tuple[int, str]:
-    return http_status(url, ANSWER_TIMEOUT_S)
+    return http_status(url, PROBE_ANSWER_TIMEOUT_S)

@@ -20,7 +20,7 @@ from kproxy.observers.metrics import CLOSE_REASONS, close_reason_label
 from kproxy.protocol.connection import WRONG_PROTOCOLS, Connection, WrongProtocol
 from kproxy.proxy.relay import ConnectionInfo
 from kproxy.proxy.server import MisconfigurationLog
-from tests.observers.metrics import sample, wait_for
+from tests.observers.metrics import sample, scrape_until
 from tests.proxy.harness import ProxyThread
 
 CLOSED = "kproxy_connections_closed_total"
@@ -85,7 +85,7 @@ def test_openssl_s_client_on_a_plaintext_listener_is_told_and_counted(proxy, cap
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=OPENSSL_TIMEOUT_S)
     # The client's TLS stack got kproxy's alert, as from a server refusing the handshake.
     assert done.returncode != 0 and "alert handshake failure" in done.stdout + done.stderr, done.stderr
-    m = wait_for(lambda m: sample(m, CLOSED, listener="bootstrap", reason="tls_on_plaintext_listener") == 1,
+    m = scrape_until(lambda m: sample(m, CLOSED, listener="bootstrap", reason="tls_on_plaintext_listener") == 1,
                  "the close counted with its reason", proxy)
     assert sample(m, CLOSED, listener="bootstrap", reason="frame_too_large") == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -97,7 +97,7 @@ def test_http_on_the_kafka_port_gets_a_400_that_says_so(proxy, caplog):
     with pytest.raises(urllib.error.HTTPError) as raised:
         urllib.request.urlopen(f"http://{proxy.bootstrap}/metrics", timeout=10)
     assert raised.value.code == 400 and b"Kafka listener" in raised.value.read()
-    wait_for(lambda m: sample(m, CLOSED, listener="bootstrap", reason="http_on_kafka_port") == 1,
+    scrape_until(lambda m: sample(m, CLOSED, listener="bootstrap", reason="http_on_kafka_port") == 1,
              "the close counted with its reason", proxy)
     assert any("HTTP on the Kafka port" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
 
@@ -154,7 +154,7 @@ def test_failed_handshakes_on_a_tls_listener_are_logged_and_counted(tmp_path, ca
         counted = lambda m: {r: sample(m, "kproxy_tls_handshake_failures_total", reason=r)  # noqa: E731
                              for r in ("plaintext_on_tls_listener", "http_on_tls_listener",
                                        "no_client_certificate")}
-        m = wait_for(lambda m: all(v >= 1 for v in counted(m).values()), "each failure counted", proxy)
+        m = scrape_until(lambda m: all(v >= 1 for v in counted(m).values()), "each failure counted", proxy)
         assert counted(m)["plaintext_on_tls_listener"] == counted(m)["http_on_tls_listener"] == 1
         assert sample(m, "kproxy_tls_handshake_failures_total", reason="other") == 0
         assert scrape(proxy)  # still serving

@@ -26,7 +26,7 @@ from kproxy.proxy import admin as admin_module
 from kproxy.proxy.probes import READY_WAIT_S
 from tests.proxy.harness import (KproxyProcess, ProxyThread, children_of, exited, free_ports, process_state,
                                   silent_port, wait_for)
-from tests.proxy.probes import ANSWER_TIMEOUT_S, get
+from tests.proxy.probes import PROBE_ANSWER_TIMEOUT_S, get
 
 PROBE_ANY = "127.0.0.1:0"
 SCRAPES = 200                      # far more than the admin port lets wait for one render
@@ -93,7 +93,7 @@ def test_probes_are_answered_while_a_scrape_storm_is_in_flight(kafka_cluster):
             in_flight = proxy.runtime.scrape._waiting
             release.set()
             for sock in scrapes:
-                sock.settimeout(ANSWER_TIMEOUT_S)
+                sock.settimeout(PROBE_ANSWER_TIMEOUT_S)
             statuses = [int(sock.recv(64).split()[1]) for sock in scrapes]
         finally:
             release.set()

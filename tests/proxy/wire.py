@@ -30,6 +30,7 @@ from kproxy.embedded import recv_exactly
 from kproxy.protocol import (DecodeError, Request, Struct, decode_request, decode_response,
                              encode_request, new_body)
 from kproxy.protocol.records import Record, build_batch
+from tests.protocol.frames import framed
 from tests.proxy.harness import ProxyThread
 
 API_VERSIONS, METADATA, FETCH = 18, 3, 1
@@ -44,10 +45,6 @@ ADMIN_TIMEOUT_S = 30.0
 
 
 # ---------------------------------------------------------------- raw Kafka client
-
-def framed(payload: bytes) -> bytes:
-    return struct.pack(">i", len(payload)) + payload
-
 
 def request_frame(api_key: int, version: int, correlation_id: int, **fields) -> bytes:
     body = new_body("request", api_key, version, **fields)
