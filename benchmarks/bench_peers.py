@@ -571,10 +571,8 @@ def _rounds_ahead(paths: dict, key: str, direction: int, peer: str) -> str:
     mine, theirs = paths["kproxy"]["rounds"].get(per_round), paths[peer]["rounds"].get(per_round)
     if not mine or not theirs:
         return ""
-    if key.startswith("added_") or key.endswith("_ratio") or key.startswith("cpu"):
-        ahead = sum(direction * (a - b) > 0 for a, b in zip(mine, theirs))
-        return f" [{ahead}/{min(len(mine), len(theirs))}]"
-    return ""
+    ahead = sum(direction * (a - b) > 0 for a, b in zip(mine, theirs))
+    return f" [{ahead}/{min(len(mine), len(theirs))}]"
 
 
 def print_goals(results: dict) -> None:

@@ -190,8 +190,9 @@ class Proxy:
 
     # ------------------------------------------------------------ addresses
 
-    def port_for(self, node_id: int) -> int:
-        """The kproxy port a node is reached at, by the configured rule."""
+    def port_for(self, node_id: int, assign: bool = True) -> int:
+        """The kproxy port a node is reached at, by the configured rule (``assign`` False:
+        the one a node not given a port yet would get, without giving it)."""
         c = self.config
         if c.broker_port_rule == "map" and node_id in c.broker_port_map:
             return c.broker_port_map[node_id]
@@ -205,6 +206,8 @@ class Proxy:
                 port = c.port_base
                 while port in used:
                     port += 1
+                if not assign:
+                    return port
                 self.broker_ports[node_id] = port
             return self.broker_ports[node_id]
         return c.port_base + node_id                       # "offset", and unmapped nodes
@@ -240,7 +243,9 @@ class Proxy:
             why = (f"kproxy serves max_brokers ({c.max_brokers}) nodes already; raise it if the "
                    f"cluster is that big")
         else:
-            port = self._planned_port(node_id)
+            # The rule's port, where the rule gives one before a listener is bound.
+            port = None if self.sni_names is not None or c.port_base == OS_CHOSEN_PORT \
+                or c.broker_port_rule == "fixed" else self.port_for(node_id, assign=False)
             if port is not None and not 1 <= port <= MAX_PORT:
                 why = (f"broker_port_rule {c.broker_port_rule} gives it port {port}, outside "
                        f"1-{MAX_PORT}: lower broker_port_base or map its port (broker_port_map)")
@@ -257,18 +262,6 @@ class Proxy:
         if unlogged is not None:
             log.warning("node %d is left out of what clients are told: %s%s", node_id, why,
                         f" ({unlogged} more left out since the last such line)" if unlogged else "")
-
-    def _planned_port(self, node_id: int) -> int | None:
-        """The port ``port_for`` will give a node it has not given one yet, without giving it
-        (None: one the OS picks, or the listen port)."""
-        c = self.config
-        if self.sni_names is not None or c.port_base == OS_CHOSEN_PORT or c.broker_port_rule == "fixed":
-            return None
-        if c.broker_port_rule == "map" and node_id in c.broker_port_map:
-            return c.broker_port_map[node_id]
-        if c.broker_port_rule == "sequential":
-            return None if node_id in self.broker_ports else c.port_base + len(self.broker_ports)
-        return c.port_base + node_id
 
     def advertise(self, node_id: int, host: str, port: int) -> HostPort:
         """The AddressMapper: learn the upstream address, return the one clients get."""

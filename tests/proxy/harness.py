@@ -111,6 +111,17 @@ def exited(pid: int) -> bool:
     return process_state(pid) in (None, "Z", "X")
 
 
+def rss(pid: int) -> int:
+    """``pid``'s resident memory now, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def open_fds(pid: int | str = "self") -> int:
+    """How many file descriptors ``pid`` (this process by default) has open now."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
 class ProxyThread:
     """``with ProxyThread(upstream=..., ...) as proxy: proxy.bootstrap`` → "127.0.0.1:PORT".
 

@@ -11,43 +11,22 @@ with an internal error and a traceback.
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 
 from kproxy.protocol import Response, Struct, encode_response, new_body
 from kproxy.proxy.rewrite import node_addresses
-from tests.proxy.harness import ProxyThread, free_port
-from tests.proxy.wire import METADATA, RawClient, StandInBroker
+from tests.proxy.harness import ProxyThread, free_port, open_fds
+from tests.proxy.wire import (DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA, RawClient, StandInBroker,
+                             answer_naming)
 
-FIND_COORDINATOR, DESCRIBE_QUORUM, DESCRIBE_CLUSTER = 10, 55, 60
+DESCRIBE_QUORUM = 55
 COORDINATOR_NOT_AVAILABLE = 15
 
 
 def brokers_answer(nodes: list[int], coordinator: int | None = None):
-    """Answers naming ``nodes`` (Metadata, DescribeCluster), or ``coordinator`` (FindCoordinator)."""
-    def answer(request):
-        key, version = request.api_key, request.api_version
-        if key == METADATA:
-            body = new_body("response", key, version, cluster_id="standin", controller_id=nodes[0],
-                            brokers=[Struct(node_id=n, host=f"broker-{n}.internal", port=9092, rack=None)
-                                     for n in nodes], topics=[])
-        elif key == DESCRIBE_CLUSTER:
-            body = new_body("response", key, version, cluster_id="standin", controller_id=nodes[0],
-                            brokers=[Struct(broker_id=n, host=f"broker-{n}.internal", port=9092, rack=None)
-                                     for n in nodes])
-        elif key == FIND_COORDINATOR:
-            body = new_body("response", key, version, coordinators=[Struct(
-                key="group", node_id=coordinator, host=f"broker-{coordinator}.internal", port=9092,
-                error_code=0, error_message=None)])
-        else:
-            raise AssertionError(f"unexpected request {request.api_key} v{request.api_version}")
-        return encode_response(Response(request.correlation_id, body), key, version)
-    return answer
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    """A stand-in's answers naming ``nodes`` (FindCoordinator: ``coordinator``)."""
+    return lambda request: answer_naming(request, nodes, coordinator)
 
 
 def served(proxy: ProxyThread, response, api_key: int, version: int) -> list[tuple[int, str, int]]:

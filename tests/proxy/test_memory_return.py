@@ -20,7 +20,7 @@ import pytest
 from kproxy.proxy import relay as relay_module
 from kproxy.proxy.relay import TRIM_AFTER_BURST_BYTES, BufferBudget
 from tests.protocol.frames import produce_v9
-from tests.proxy.harness import KproxyProcess, wait_for
+from tests.proxy.harness import KproxyProcess, rss, wait_for
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -72,11 +72,6 @@ def test_the_budget_trims_once_a_burst_is_over_and_not_during_it(monkeypatch):
         assert len(trims) == 2
 
     asyncio.run(scenario())
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
 class DiscardUpstream:

@@ -14,24 +14,23 @@
 
 from __future__ import annotations
 
-import os
 import random
 import socket
 import struct
 import threading
 import time
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from kproxy.embedded import recv_exactly
-from kproxy.protocol import DecodeError, Response, Struct, decode_response, encode_response, new_body
+from kproxy.protocol import DecodeError, Struct, decode_response
 from kproxy.protocol.records import Record, build_batch
 from kproxy.proxy.rewrite import node_addresses
+from tests.observers.metrics import scrape
 from tests.protocol.mutations import mutate
-from tests.proxy.harness import ConfluentTraffic, KproxyProcess, ProxyThread
-from tests.proxy.wire import METADATA, StandInBroker, create_topic, request_frame
+from tests.proxy.harness import ConfluentTraffic, KproxyProcess, ProxyThread, open_fds, rss
+from tests.proxy.wire import (DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA, PRODUCE, StandInBroker, answer_naming,
+                             create_topic, request_frame)
 
 pytestmark = pytest.mark.soak
 
@@ -52,24 +51,6 @@ FD_SLACK = 16
 RSS_LATE_GROWTH_BYTES = 8 << 20
 RSS_SAMPLE_INTERVAL_S = 1.0
 TRAFFIC_TIMEOUT_S = 120.0
-
-
-def rss_bytes(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def scrape(url: str) -> dict[tuple, float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 # ---------------------------------------------------------------- hostile clients
@@ -169,7 +150,7 @@ def test_soak_clients_beside_hostile_clients(kafka_cluster, tmp_path, soak_secon
         def scraper():
             while not stop_scraping.wait(SCRAPE_INTERVAL_S):
                 try:
-                    scrape(kproxy.admin_url)
+                    scrape(kproxy)
                     scrapes["ok"] += 1
                 except OSError:
                     scrapes["failed"] += 1
@@ -179,26 +160,27 @@ def test_soak_clients_beside_hostile_clients(kafka_cluster, tmp_path, soak_secon
         host, port = kproxy.bootstrap.rsplit(":", 1)
         with HostileClients((host, int(port)), seed) as hostile:
             time.sleep(max(MIN_WARM_UP_S, soak_seconds * WARM_UP_FRACTION))
-            warm_fds = fd_count(kproxy.pid)
-            rss = []
+            warm_fds = open_fds(kproxy.pid)
+            rss_samples = []
             deadline = time.monotonic() + soak_seconds * (1 - WARM_UP_FRACTION)
             while time.monotonic() < deadline:
-                rss.append(rss_bytes(kproxy.pid))
+                rss_samples.append(rss(kproxy.pid))
                 time.sleep(RSS_SAMPLE_INTERVAL_S)
             traffic.check()
         assert not hostile.crashes, hostile.crashes
         time.sleep(2)                            # kproxy closes what the last ones left
-        end_fds = fd_count(kproxy.pid)
-        first_half, second_half = max(rss[:len(rss) // 2] or rss), max(rss[len(rss) // 2:])
+        end_fds = open_fds(kproxy.pid)
+        half = len(rss_samples) // 2
+        first_half, second_half = max(rss_samples[:half] or rss_samples), max(rss_samples[half:])
         stop_scraping.set()
         scraping.join(30)
         traffic.finish()
-        samples = scrape(kproxy.admin_url)
+        samples = scrape(kproxy)
         assert kproxy.process.poll() is None, "kproxy exited"
     log = kproxy.log_text()
     print(f"\nsoak {soak_seconds:g}s (seed {seed:#x}): {len(traffic.delivered)} records delivered and "
           f"consumed; hostile connections {sum(hostile.sent.values())} {hostile.sent}; scrapes {scrapes}; "
-          f"RSS after the warm-up {rss[0] / 2**20:.1f} MiB, peak of the first half {first_half / 2**20:.1f}, "
+          f"RSS after the warm-up {rss_samples[0] / 2**20:.1f} MiB, peak of the first half {first_half / 2**20:.1f}, "
           f"of the second {second_half / 2**20:.1f}; fds {warm_fds} -> {end_fds}")
     assert traffic.delivered and traffic.delivered <= traffic.consumed and not traffic.delivery_errors
     assert scrapes["failed"] == 0 and scrapes["ok"] > 0
@@ -214,34 +196,13 @@ def test_soak_clients_beside_hostile_clients(kafka_cluster, tmp_path, soak_secon
 
 NODE_IDS = list(range(8)) + [70_000, 2**31 - 1]     # two with no port by the offset rule
 MAX_BROKERS = 6
-PRODUCE, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 10, 60
 CLIENT_REQUESTS = [(METADATA, 12), (FIND_COORDINATOR, 4), (DESCRIBE_CLUSTER, 1), (PRODUCE, 11)]
 ADDRESS_WAIT_S = 5.0
 
 
 def broker_answer(rng: random.Random, request) -> bytes:
-    """A valid answer naming a few of ``NODE_IDS`` at the broker's own addresses."""
-    nodes = rng.sample(NODE_IDS, rng.randint(1, 5))
-    key, version = request.api_key, request.api_version
-
-    def at(n, **extra):
-        return Struct(host=f"broker-{n}.internal", port=9092, **extra)
-    if key == METADATA:
-        body = new_body("response", key, version, cluster_id="standin", controller_id=nodes[0],
-                        brokers=[at(n, node_id=n, rack=None) for n in nodes], topics=[])
-    elif key == DESCRIBE_CLUSTER:
-        body = new_body("response", key, version, cluster_id="standin", controller_id=nodes[0],
-                        brokers=[at(n, broker_id=n, rack=None) for n in nodes])
-    elif key == FIND_COORDINATOR:
-        body = new_body("response", key, version, coordinators=[
-            at(nodes[0], key="g", node_id=nodes[0], error_code=0, error_message=None)])
-    else:
-        partition = Struct(index=0, error_code=6, base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
-                           record_errors=[], error_message=None,
-                           current_leader=Struct(leader_id=nodes[0], leader_epoch=1))
-        body = new_body("response", key, version, responses=[Struct(name="t", partition_responses=[partition])],
-                        throttle_time_ms=0, node_endpoints=[at(n, node_id=n, rack=None) for n in nodes])
-    frame = encode_response(Response(request.correlation_id, body), key, version)
+    """A valid answer naming a few of ``NODE_IDS``; half of them mutated."""
+    frame = answer_naming(request, rng.sample(NODE_IDS, rng.randint(1, 5)))
     if rng.random() < 0.5:
         return frame
     kept = 4 if rng.random() < 0.9 else 0        # the correlation id, mostly

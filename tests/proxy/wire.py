@@ -6,7 +6,7 @@
   own event loop and in its log;
 - ``create_topic``: a fresh topic, made through the broker's admin API;
 - ``StandInBroker``: a broker that answers as the test says (hostile or broken answers,
-  which no real broker gives on demand).
+  which no real broker gives on demand), and ``answer_naming``: answers naming given nodes.
 
 Shared by the tests that speak raw Kafka through kproxy (faults, limits, wire hardening,
 clusters, streaming). Not in ``harness``: that module starts kproxies and knows nothing of
@@ -27,8 +27,8 @@ import threading
 from collections.abc import Callable
 
 from kproxy.embedded import recv_exactly
-from kproxy.protocol import (DecodeError, Request, Struct, decode_request, decode_response,
-                             encode_request, new_body)
+from kproxy.protocol import (DecodeError, Request, Response, Struct, decode_request, decode_response,
+                             encode_request, encode_response, new_body)
 from kproxy.protocol.records import Record, build_batch
 from tests.protocol.frames import framed
 from tests.proxy.harness import ProxyThread
@@ -249,6 +249,39 @@ class WitnessClient:
 
 
 # ---------------------------------------------------------------- a broker that answers as told
+
+PRODUCE, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 10, 60
+
+
+def answer_naming(request: Request, nodes: list[int], coordinator: int | None = None) -> bytes:
+    """A broker's answer to Metadata, DescribeCluster or Produce (a NOT_LEADER error with
+    KIP-951 node endpoints) naming ``nodes``, or to FindCoordinator naming ``coordinator``
+    (default: the first node), each at the broker's own address ``broker-N.internal:9092``."""
+    key, version = request.api_key, request.api_version
+    coordinator = nodes[0] if coordinator is None else coordinator
+
+    def at(node: int, /, **fields) -> Struct:
+        return Struct(host=f"broker-{node}.internal", port=9092, **fields)
+
+    if key == METADATA:
+        body = new_body("response", key, version, cluster_id="standin", controller_id=nodes[0],
+                        brokers=[at(n, node_id=n, rack=None) for n in nodes], topics=[])
+    elif key == DESCRIBE_CLUSTER:
+        body = new_body("response", key, version, cluster_id="standin", controller_id=nodes[0],
+                        brokers=[at(n, broker_id=n, rack=None) for n in nodes])
+    elif key == FIND_COORDINATOR:
+        body = new_body("response", key, version, coordinators=[
+            at(coordinator, key="group", node_id=coordinator, error_code=0, error_message=None)])
+    elif key == PRODUCE:
+        partition = Struct(index=0, error_code=6, base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
+                           record_errors=[], error_message=None,
+                           current_leader=Struct(leader_id=nodes[0], leader_epoch=1))
+        body = new_body("response", key, version, responses=[Struct(name="t", partition_responses=[partition])],
+                        throttle_time_ms=0, node_endpoints=[at(n, node_id=n, rack=None) for n in nodes])
+    else:
+        raise AssertionError(f"no answer naming nodes for {key} v{version}")
+    return encode_response(Response(request.correlation_id, body), key, version)
+
 
 class StandInBroker:
     """``with StandInBroker(answer) as broker: broker.address`` → "127.0.0.1:PORT".
