@@ -26,7 +26,7 @@ CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 
 no_engine() { echo "build-image: no container can run here: $*" >&2; exit "$NO_ENGINE"; }
 
-run_flags() {
+engine_flags() {                            # for podman run and podman build
     # runc, not crun, when it is there: crun 1.8 (Debian 12) refuses to start anything on a
     # hybrid cgroup hierarchy whose v2 part has controllers ("cgroups in hybrid mode not
     # supported"); runc runs on v1, v2 and hybrid alike.
@@ -46,6 +46,10 @@ run_flags() {
     fi
     echo --ulimit; echo "nofile=$files:$files"
     echo --ulimit; echo "nproc=$procs:$procs"
+}
+
+run_flags() {
+    engine_flags
     # Podman runs the image's HEALTHCHECK from systemd timers; without systemd it logs an
     # error at every start and checks nothing.
     if [ ! -d /run/systemd/system ]; then
@@ -57,7 +61,8 @@ if [ "${1:-}" = --run-flags ]; then
     run_flags
     exit 0
 fi
-mapfile -t FLAGS < <(run_flags)
+mapfile -t FLAGS < <(engine_flags)
+mapfile -t RUN_FLAGS < <(run_flags)
 
 command -v podman >/dev/null || no_engine "podman is not installed (scripts/setup-image.sh installs it)"
 [ "$(id -u)" = 0 ] || no_engine "this script runs rootful podman and debootstrap: run it as root"
@@ -71,7 +76,7 @@ if ! podman image exists "$BASE"; then
         command -v debootstrap >/dev/null || no_engine "debootstrap is not installed (scripts/setup-image.sh installs it)"
         mkdir -p "$CACHE"
         rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
-        trap 'rm -rf "$rootfs"' EXIT
+        trap 'rm -rf "$rootfs" "$rootfs.tar"' EXIT
         echo "build-image: debootstrap $SUITE into $rootfs (a few minutes, once per machine)" >&2
         start=$SECONDS
         debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$rootfs" "$MIRROR" >&2
@@ -79,8 +84,8 @@ if ! podman image exists "$BASE"; then
         # (PEP 668) while this marker is there. This base stands in for that image only.
         rm -f "$rootfs"/usr/lib/python3*/EXTERNALLY-MANAGED
         rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-        tar -C "$rootfs" -cf "$tarball.part" .
-        mv "$tarball.part" "$tarball"
+        tar -C "$rootfs" -cf "$rootfs.tar" .
+        mv "$rootfs.tar" "$tarball"                 # whole or not at all, whoever else builds
         rm -rf "$rootfs"
         trap - EXIT
         echo "build-image: base rootfs made in $((SECONDS - start)) s" >&2
@@ -88,8 +93,8 @@ if ! podman image exists "$BASE"; then
     podman import --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "$tarball" "$BASE" >&2
 fi
 # Can a container start at all? (Here is where a machine without the means says so.)
-if ! error=$(podman run --rm --network none "${FLAGS[@]}" "$BASE" python3 -c 'import sys; assert sys.version_info >= (3, 11)' 2>&1); then
-    no_engine "podman run ${FLAGS[*]} $BASE: $error"
+if ! error=$(podman run --rm --network none "${RUN_FLAGS[@]}" "$BASE" python3 -c 'import sys; assert sys.version_info >= (3, 11)' 2>&1); then
+    no_engine "podman run ${RUN_FLAGS[*]} $BASE: $error"
 fi
 
 # ---- the image, named by a hash of everything that goes into it
@@ -107,9 +112,10 @@ if ! podman image exists "$IMAGE"; then
         --volume "$CA_BUNDLE:$CA_BUNDLE:ro" --build-arg "PYTHON_IMAGE=$BASE" \
         -f deploy/Dockerfile -t "$IMAGE" -t localhost/kproxy:latest . >&2
     echo "build-image: image built in $((SECONDS - start)) s" >&2
-    # Earlier builds' tags (other sources): each holds a few hundred MB of layers.
+    # Earlier builds' tags (other sources): each holds a few hundred MB of layers. One a
+    # container still runs (another checkout's test, say) stays.
     podman images --format '{{.Repository}}:{{.Tag}}' localhost/kproxy | while read -r old; do
-        case $old in "$IMAGE"|localhost/kproxy:latest) ;; *) podman rmi "$old" >/dev/null ;; esac
+        case $old in "$IMAGE"|localhost/kproxy:latest) ;; *) podman rmi "$old" >/dev/null 2>&1 || true ;; esac
     done
 fi
 podman tag "$IMAGE" localhost/kproxy:latest

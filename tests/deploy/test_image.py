@@ -32,12 +32,14 @@ pytestmark = [pytest.mark.image, pytest.mark.timeout(1200)]   # the first build 
 
 BUILD_SCRIPT = REPO / "scripts" / "build-image.sh"
 NO_ENGINE_EXIT = 3                # build-image.sh: no container can run on this machine
+NO_ENGINE_SAYS = "build-image: no container can run here"   # ... and why, maybe over lines
 BUILD_TIMEOUT_S = 1100.0          # debootstrap + import + image build on a busy 2-core machine
 RUN_TIMEOUT_S = 120.0             # a one-off command in the container (start, run, remove)
 START_TIMEOUT_S = 60.0            # the container up and kproxy's listener bound
 STOP_GRACE_S = 30                 # podman stop's SIGTERM-to-SIGKILL wait: over kproxy's drain
 HELP_COLUMNS = "100"              # argparse wraps help to $COLUMNS: the same on both sides
 MESSAGES = 20
+ADVERTISED_HOST = "localhost"
 LISTENING = re.compile(r"kproxy gateway listening on ([\d.]+):(\d+), upstream ")
 
 
@@ -49,7 +51,8 @@ def image() -> str:
     built = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
                            timeout=BUILD_TIMEOUT_S)
     if built.returncode == NO_ENGINE_EXIT:
-        pytest.skip(built.stderr.strip().splitlines()[-1])
+        reason = built.stderr[built.stderr.rfind(NO_ENGINE_SAYS):].strip()
+        pytest.skip(" ".join(reason.split()))
     assert built.returncode == 0, f"scripts/build-image.sh exits {built.returncode}:\n{built.stderr[-4000:]}"
     return built.stdout.split()[-1]
 
@@ -162,15 +165,20 @@ def test_image_serves_a_client_in_front_of_the_broker_and_stops_on_sigterm(conta
     from confluent_kafka import Consumer, Producer
 
     # The host's network (the broker is on its 127.0.0.1), every port chosen by the OS: the
-    # listen port is read from kproxy's log, the broker listener ports come in Metadata.
+    # listen port is read from kproxy's log, the broker listener ports come in Metadata,
+    # under the advertised host (a name here, so it shows apart from the listen address).
     proxy = container(["--network", "host"],
                       ["--upstream", kafka_cluster.bootstrap_servers, "--listen", "127.0.0.1:0",
-                       "--broker-port-base", "0", "--admin-listen", "127.0.0.1:0", "--probe-listen", "127.0.0.1:0"])
+                       "--advertised-host", ADVERTISED_HOST, "--broker-port-base", "0",
+                       "--admin-listen", "127.0.0.1:0", "--probe-listen", "127.0.0.1:0"])
     host, port = proxy.wait_for_line(LISTENING, START_TIMEOUT_S).groups()
     bootstrap = f"{host}:{port}"
     topic = topic_name("image")
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    brokers = producer.list_topics(timeout=CONSUME_TIMEOUT_S).brokers.values()
+    assert brokers and {b.host for b in brokers} == {ADVERTISED_HOST}
+    assert not {b.port for b in brokers} & {n.port for n in kafka_cluster.nodes}, "a broker's own port leaked"
     sent = [f"message {i}".encode() for i in range(MESSAGES)]
     for value in sent:
         producer.produce(topic, value)
