@@ -25,6 +25,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     fi
 fi
 
+# Container image test: podman, runc, debootstrap (a separate script: the image is built
+# without a registry, see scripts/build-image.sh).
+bash scripts/setup-image.sh
+
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi

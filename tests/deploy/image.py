@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import shlex
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,3 +69,28 @@ def base_images() -> list[str]:
             args[key] = value
     return [re.sub(r"\$\{?(\w+)\}?", lambda m: args[m[1]], rest.split()[0])
             for word, rest in instructions if word == "FROM"]
+
+
+def final_stage(instructions) -> list[tuple[str, str]]:
+    starts = [i for i, (word, _) in enumerate(instructions) if word == "FROM"]
+    return instructions[starts[-1]:]
+
+
+def image_env() -> dict[str, str]:
+    """The ENV of the final image (what every container started from it sees)."""
+    env = {}
+    for word, rest in final_stage(dockerfile_instructions()):
+        if word == "ENV":
+            for token in shlex.split(rest):
+                key, _, value = token.partition("=")
+                env[key] = value
+    return env
+
+
+def image_user() -> tuple[int, int]:
+    users = [rest for word, rest in final_stage(dockerfile_instructions()) if word == "USER"]
+    assert users, "the image must not run as root: no USER in the final stage"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and (not gid or gid.isdigit()), \
+        f"USER {users[-1]}: use a numeric uid[:gid] so Kubernetes' runAsNonRoot can verify it"
+    return int(uid), int(gid or uid)

@@ -1,6 +1,7 @@
 """Static checks of the deployment files: Dockerfile, compose, Kubernetes, Prometheus, Grafana.
 
-Nothing here builds an image or starts a container. What can be checked without them is:
+Nothing here builds an image or starts a container (tests/deploy/test_image.py does,
+where podman can run). What can be checked without them is:
 every file parses; every kproxy command line in them goes through kproxy's own argument
 parser and config validation (``kproxy.cli.main`` with the runtime stubbed out), with the
 image's ENV, the container env and mounted config files it would really see; ports, probe
@@ -35,7 +36,7 @@ from kproxy.protocol.tls_failures import HANDSHAKE_FAILURES
 from kproxy.protocol import schema
 from kproxy.runtime import Runtime      # imported before run_kproxy() stubs it out
 from tests.deploy.image import (DEPLOY, DOCKERFILE, REPO, base_images, docker_context_excludes,
-                                dockerfile_instructions)
+                                dockerfile_instructions, final_stage, image_env, image_user)
 
 PROMETHEUS = DEPLOY / "prometheus"
 KUBERNETES = DEPLOY / "kubernetes"
@@ -83,31 +84,6 @@ def run_promtool(promtool: str, *args: str, cwd: Path | None = None) -> str:
 
 
 # ---- Dockerfile
-
-def final_stage(instructions) -> list[tuple[str, str]]:
-    starts = [i for i, (word, _) in enumerate(instructions) if word == "FROM"]
-    return instructions[starts[-1]:]
-
-
-def image_env() -> dict[str, str]:
-    """The ENV of the final image (what every container started from it sees)."""
-    env = {}
-    for word, rest in final_stage(dockerfile_instructions()):
-        if word == "ENV":
-            for token in shlex.split(rest):
-                key, _, value = token.partition("=")
-                env[key] = value
-    return env
-
-
-def image_user() -> tuple[int, int]:
-    users = [rest for word, rest in final_stage(dockerfile_instructions()) if word == "USER"]
-    assert users, "the image must not run as root: no USER in the final stage"
-    uid, _, gid = users[-1].partition(":")
-    assert uid.isdigit() and (not gid or gid.isdigit()), \
-        f"USER {users[-1]}: use a numeric uid[:gid] so Kubernetes' runAsNonRoot can verify it"
-    return int(uid), int(gid or uid)
-
 
 def instruction_json(rest: str) -> list[str]:
     value = json.loads(rest)
