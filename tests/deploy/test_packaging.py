@@ -83,10 +83,25 @@ def bare_env(venv: Path) -> dict[str, str]:
     return {"PATH": str(venv / "bin"), "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"}
 
 
+def clone_like_copy(destination: Path) -> Path:
+    """The checkout's files as a clone (with work in progress) holds them: tracked and
+    untracked-but-not-ignored. Building in the checkout itself would be blind to missing
+    package data: setuptools adds the files listed in a leftover ``*.egg-info/SOURCES.txt``
+    (an editable install's) to the sdist."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO, capture_output=True, text=True, check=True)
+    for name in filter(None, listed.stdout.split("\0")):
+        source = REPO / name
+        if source.is_file():                     # not a deleted, still-tracked file
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    return destination
+
+
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory) -> Dists:
-    out = tmp_path_factory.mktemp("dist")
-    built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)],
+    source, out = clone_like_copy(tmp_path_factory.mktemp("source")), tmp_path_factory.mktemp("dist")
+    built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(source)],
                            capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     sdists, wheels = list(out.glob("*.tar.gz")), list(out.glob("*.whl"))
