@@ -7,15 +7,20 @@
 #   make audit         known vulnerabilities in those pins (exit 2: no advisory database reachable)
 VENV := .venv
 
-.PHONY: setup test demo schema schema-check bench constraints audit
+.PHONY: setup setup-demo test demo schema schema-check bench constraints audit
 
+# Root (apt-get) is asked only for what is missing: the demo needs Java (and Maven until
+# Kafka's jars are cached); the tests add Prometheus, tshark, Chromium and openssl.
 setup:
-	@bash scripts/setup.sh
+	@bash scripts/setup.sh test
+
+setup-demo:
+	@bash scripts/setup.sh demo
 
 test: setup
 	$(VENV)/bin/python -m pytest
 
-demo: setup
+demo: setup-demo
 	$(VENV)/bin/python -m kproxy demo --analyze
 
 schema:

@@ -20,4 +20,8 @@ Layers, each knowing only the ones below it:
   ``kproxy.embedded`` (real brokers on loopback for the demo and tests).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"      # the one place: pyproject.toml reads it (setuptools dynamic version)
+
+# The name to `pip install` (pyproject.toml's project name): `kproxy` on the package index
+# is an unrelated project. Messages that tell a user what to install use this.
+DISTRIBUTION = "kproxy-kafka"

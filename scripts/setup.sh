@@ -1,26 +1,56 @@
 #!/usr/bin/env bash
-# Installs everything kproxy's demo and tests need on a fresh Debian machine:
-# system packages (only those missing), a virtualenv with kproxy and its test
-# extras, and Apache Kafka's jars from Maven Central. Safe to run repeatedly.
+# Installs what `make demo` or `make test` needs on a fresh Debian machine, and nothing
+# more: system packages (only those missing; the one step that needs root), a virtualenv
+# with kproxy and the profile's extras, and Apache Kafka's jars from Maven Central.
+# Safe to run repeatedly.
+#
+#   scripts/setup.sh demo   Java (the embedded Kafka broker, Spark) and Maven (only until the
+#                           broker's jars are cached); kproxy with the demo and analysis extras
+#   scripts/setup.sh test   all of the above, plus the tools the test suite drives: Prometheus
+#                           and promtool, tshark, Chromium, openssl; the test extra; both
+#                           Kafka lines' jars
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+PROFILE=${1:-test}
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
+case "$PROFILE" in
+    demo) extras=demo,analysis ;;
+    test) extras=test,demo,analysis ;;
+    *) echo "usage: scripts/setup.sh demo|test" >&2; exit 2 ;;
+esac
+
+# The Kafka versions the profile runs (the demo: the newest line only), and whether their jars
+# are all cached already (then Maven, which resolves them, is not needed). kproxy.embedded.kafka
+# is standard library only, so the system Python can answer before the virtualenv exists.
+read -r kafka_fetched kafka_versions < <(PYTHONPATH=. "$PYTHON" - "$PROFILE" <<'EOF'
+import sys
+from kproxy.embedded.kafka import KAFKA_3_VERSION, KAFKA_4_VERSION, is_fetched
+versions = [KAFKA_4_VERSION] if sys.argv[1] == "demo" else [KAFKA_4_VERSION, KAFKA_3_VERSION]
+print(int(all(map(is_fetched, versions))), " ".join(versions))
+EOF
+)
+[ -n "$kafka_versions" ] || { echo "setup: $PYTHON could not read kproxy.embedded's Kafka versions" >&2; exit 1; }
+
 need_apt=()
-command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
-command -v mvn >/dev/null || need_apt+=(maven)
-command -v promtool >/dev/null || need_apt+=(prometheus)   # Prometheus server + promtool (metrics tests)
-command -v tshark >/dev/null || need_apt+=(tshark)         # reads kproxy's pcapng captures (capture tests)
-command -v chromium >/dev/null || need_apt+=(chromium)     # the analysis report and web view, tested in a real browser
+"$PYTHON" -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)   # Debian splits venv's pip out
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)         # the Kafka broker; Spark
+[ "$kafka_fetched" = 1 ] || command -v mvn >/dev/null || need_apt+=(maven) # fetches the broker's jars
+if [ "$PROFILE" = test ]; then
+    command -v promtool >/dev/null || need_apt+=(prometheus)  # Prometheus server + promtool (metrics tests)
+    command -v tshark >/dev/null || need_apt+=(tshark)        # reads kproxy's pcapng captures (capture tests)
+    command -v chromium >/dev/null || need_apt+=(chromium)    # the analysis report and web view, in a real browser
+    command -v openssl >/dev/null || need_apt+=(openssl)      # the TLS tests' certificates
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "setup: installing ${need_apt[*]}"
+        echo "setup ($PROFILE): installing ${need_apt[*]}"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
     else
-        echo "setup: please install ${need_apt[*]} (needs root)" >&2
+        echo "setup ($PROFILE): please install ${need_apt[*]} (needs root), then run this again" >&2
         exit 1
     fi
 fi
@@ -32,13 +62,22 @@ bash scripts/setup-image.sh
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
+# One stamp per profile; the test profile's installs everything the demo's does.
 stamp="$VENV/.kproxy-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+[ "$PROFILE" = test ] || stamp="$VENV/.kproxy-installed-$PROFILE"
+fresh() { [ -f "$1" ] && [ ! pyproject.toml -nt "$1" ] && [ ! constraints.txt -nt "$1" ]; }
+if ! fresh "$stamp" && ! fresh "$VENV/.kproxy-installed"; then
     "$VENV/bin/pip" install -q --upgrade pip
+    # An install from before the distribution was renamed would stay beside the new one.
+    if "$VENV/bin/pip" show -q kproxy 2>/dev/null; then "$VENV/bin/pip" uninstall -q -y kproxy; fi
     # The exact versions in constraints.txt (refresh: make constraints), not whatever is newest.
-    "$VENV/bin/pip" install -q -e '.[test,analysis]' -c constraints.txt
+    "$VENV/bin/pip" install -q -e ".[$extras]" -c constraints.txt
     touch "$stamp"
 fi
 
-# Kafka jars (both protocol lines) into ~/.cache/kproxy; skipped when cached.
-"$VENV/bin/python" -m kproxy.embedded fetch
+# Kafka jars into ~/.cache/kproxy; skipped when cached.
+fetch_args=()
+for version in $kafka_versions; do
+    fetch_args+=(--version "$version")
+done
+"$VENV/bin/python" -m kproxy.embedded fetch "${fetch_args[@]}"

@@ -15,6 +15,8 @@ import shutil
 import sys
 import threading
 
+from .. import DISTRIBUTION
+
 DEFAULT_MASTER = "local[*]"
 DEFAULT_WINDOW = "1m"
 DEFAULT_TOP = 20
@@ -175,7 +177,7 @@ def run(args, master: str | None) -> int:
         from pyspark.errors import StreamingQueryException
         from pyspark.sql.utils import AnalysisException
     except ImportError:
-        print("kproxy analyze: error: PySpark is not installed: pip install 'kproxy[analysis]'",
+        print(f"kproxy analyze: error: PySpark is not installed: pip install '{DISTRIBUTION}[analysis]'",
               file=sys.stderr)
         return 2
     from .job import Options, analyze
