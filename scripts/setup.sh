@@ -56,8 +56,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 # Container image test: podman, runc, debootstrap (a separate script: the image is built
-# without a registry, see scripts/build-image.sh).
-bash scripts/setup-image.sh
+# without a registry, see scripts/build-image.sh). The demo needs none of them.
+if [ "$PROFILE" = test ]; then
+    bash scripts/setup-image.sh
+fi
 
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
