@@ -22,12 +22,13 @@ import urllib.request
 import uuid
 
 import pytest
+import uvloop
 
 from kproxy.protocol.proxy_header import MISSING, UNTRUSTED_PEER, WRONG_VERSION
 from tests.observers.captures import read_jsonl
 from tests.observers.metrics import sample, scrape, scrape_until
 from tests.protocol.proxy_headers import v1, v2
-from tests.proxy.harness import ProxyThread, ssl_config, wait_for
+from tests.proxy.harness import KproxyProcess, ProxyThread, free_ports, ssl_config, wait_for
 from tests.proxy.wire import RawClient, api_versions_ok, create_topic
 
 CLAIMED_HOST = "203.0.113.7"       # TEST-NET-3: only ever data in a header
@@ -79,6 +80,14 @@ class Balancer:
         self.loop.call_soon_threadsafe(self.server.close)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+
+
+@pytest.fixture(params=["uvloop", "asyncio"])
+def event_loop_kind(request, monkeypatch):
+    """kproxy runs on uvloop; the header reader and start_tls are checked on asyncio's loop too."""
+    if request.param == "asyncio":
+        monkeypatch.setattr(uvloop, "new_event_loop", asyncio.new_event_loop)
+    return request.param
 
 
 def sidecar_behind(balancer: Balancer, kafka_cluster, tmp_path, **settings) -> ProxyThread:
@@ -207,7 +216,8 @@ def test_a_header_from_an_untrusted_peer_is_refused(kafka_cluster, kproxy_log, t
 
 
 @pytest.mark.parametrize("header", [v1, v2])
-def test_header_and_first_request_in_one_segment_and_a_header_byte_at_a_time(header, kafka_cluster, tmp_path):
+def test_header_and_first_request_in_one_segment_and_a_header_byte_at_a_time(header, event_loop_kind,
+                                                                            kafka_cluster, tmp_path):
     """The reader takes exactly the header: a Kafka request in the same segment is relayed
     whole, and a header dribbled a byte at a time is read as well."""
     balancer = Balancer()        # only for its port, which the sidecar advertises
@@ -235,7 +245,7 @@ def test_header_and_first_request_in_one_segment_and_a_header_byte_at_a_time(hea
     assert addresses == {CLAIMED_HOST}
 
 
-def test_proxy_protocol_then_tls(kafka_cluster, kproxy_log, pki, tmp_path):
+def test_proxy_protocol_then_tls(event_loop_kind, kafka_cluster, kproxy_log, pki, tmp_path):
     topic = create_topic(kafka_cluster.bootstrap_servers)
     balancer = Balancer(v2)
     try:
@@ -261,3 +271,33 @@ def test_proxy_protocol_then_tls(kafka_cluster, kproxy_log, pki, tmp_path):
     assert {r["client_host"] for r in read_jsonl(tmp_path)} == {CLAIMED_HOST}
     assert sum(v for (name, _), v in samples.items() if name == "kproxy_tls_handshake_failures_total") >= 1
     assert sum(v for (name, _), v in samples.items() if name == "kproxy_proxy_protocol_refused_total") == 0
+
+
+def test_workers_read_the_header_too(kafka_cluster, tmp_path):
+    """``kproxy run --workers 2``: every worker's listener takes the header (the setting
+    reaches the workers), and refuses a client without one."""
+    topic = create_topic(kafka_cluster.bootstrap_servers)
+    node = kafka_cluster.nodes[0]
+    listen, admin = free_ports(2)        # workers share fixed ports (SO_REUSEPORT)
+    balancer = Balancer(v1)
+    balancer.target = ("127.0.0.1", listen)
+    try:
+        with KproxyProcess(tmp_path, upstream=f"{node.host}:{node.port}", mode="sidecar", workers=2,
+                           listen=f"127.0.0.1:{listen}", admin_listen=f"127.0.0.1:{admin}",
+                           broker_port_rule="map", broker_port_map={node.node_id: balancer.port},
+                           advertised_host_template="127.0.0.1", proxy_protocol="v1",
+                           shutdown_timeout=10) as kproxy:
+            produce_and_consume({"bootstrap.servers": f"127.0.0.1:{balancer.port}"}, topic)
+            direct = RawClient(kproxy.bootstrap)
+            direct.send_request(18, 3, client_software_name="t", client_software_version="1")
+            direct.wait_closed()
+            direct.close()
+            samples = scrape_until(
+                lambda m: sample(m, "kproxy_proxy_protocol_refused_total", reason=MISSING) >= 1,
+                "the refusal to be counted", kproxy)
+            log = kproxy.log_text()
+    finally:
+        balancer.close()
+    opened = [line for line in log.splitlines() if " open client=" in line]
+    assert opened and all(f"client={CLAIMED_HOST}:" in line and " via=127.0.0.1:" in line for line in opened)
+    assert sample(samples, "kproxy_connections_closed_total", listener="sidecar", reason="proxy_protocol") >= 1
