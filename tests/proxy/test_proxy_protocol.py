@@ -301,3 +301,39 @@ def test_workers_read_the_header_too(kafka_cluster, tmp_path):
     opened = [line for line in log.splitlines() if " open client=" in line]
     assert opened and all(f"client={CLAIMED_HOST}:" in line and " via=127.0.0.1:" in line for line in opened)
     assert sample(samples, "kproxy_connections_closed_total", listener="sidecar", reason="proxy_protocol") >= 1
+
+
+def test_gateway_broker_listeners_take_the_header_and_a_local_header_is_the_balancer(kafka_cluster, kproxy_log):
+    """Gateway mode: the per-broker listeners kproxy opens read the header as the bootstrap
+    does; a v2 LOCAL header (a balancer's own health check) leaves the peer as the client."""
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, proxy_protocol="v2") as proxy:
+        bootstrap = RawClient(proxy.bootstrap)
+        bootstrap.send(v2((CLAIMED_HOST, 42000)))
+        metadata = bootstrap.roundtrip(3, 12, topics=None, allow_auto_topic_creation=False,
+                                       include_topic_authorized_operations=False)
+        bootstrap.close()
+        brokers = [(b.host, b.port) for b in metadata.body.brokers]
+        assert brokers and set(brokers) == proxy.served_broker_addresses()
+        broker = RawClient(brokers[0])
+        broker.send(v2((CLAIMED_HOST, 42001)))
+        api_versions_ok(broker)
+        broker.close()
+        unheaded = RawClient(brokers[0])
+        unheaded.send_request(18, 3, client_software_name="t", client_software_version="1")
+        unheaded.wait_closed()
+        unheaded.close()
+        check = RawClient(proxy.bootstrap)
+        check.send(v2((CLAIMED_HOST, 42002), local=True))
+        api_versions_ok(check)
+        check.close()
+        samples = scrape_until(
+            lambda m: sample(m, "kproxy_proxy_protocol_refused_total", reason=MISSING) >= 1,
+            "the refusal on the broker listener to be counted", proxy)
+    listener = f"broker-{metadata.body.brokers[0].node_id}"
+    assert sample(samples, "kproxy_connections_closed_total", listener=listener, reason="proxy_protocol") == 1
+    lines = open_lines(kproxy_log)
+    assert any(f"client={CLAIMED_HOST}:42000 via=127.0.0.1:" in line and "listener=bootstrap" in line for line in lines)
+    assert any(f"client={CLAIMED_HOST}:42001 via=127.0.0.1:" in line and f"listener={listener}" in line
+               for line in lines)
+    local = [line for line in lines if f"client=127.0.0.1:{check.port} " in line]
+    assert local and "via=" not in local[0], lines
