@@ -337,3 +337,25 @@ def test_gateway_broker_listeners_take_the_header_and_a_local_header_is_the_bala
                for line in lines)
     local = [line for line in lines if f"client=127.0.0.1:{check.port} " in line]
     assert local and "via=" not in local[0], lines
+
+
+def test_a_header_not_complete_in_time_and_a_bare_health_check(kafka_cluster, kproxy_log, monkeypatch):
+    """A peer that sends part of a header and stops is closed at the header's deadline
+    (counted as timeout, logged); one that connects and closes (a TCP health check) is
+    counted as closed, not logged as a warning."""
+    from kproxy.proxy import proxy_protocol
+    monkeypatch.setattr(proxy_protocol, "PROXY_HEADER_TIMEOUT_S", 0.5)
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, proxy_protocol="any") as proxy:
+        stalled = RawClient(proxy.bootstrap)
+        stalled.send(v2((CLAIMED_HOST, 43000))[:20])
+        seconds, received = stalled.wait_closed()
+        stalled.close()
+        health = socket.create_connection(proxy.runtime.proxy.bootstrap_address)
+        health.close()
+        samples = scrape_until(lambda m: sample(m, "kproxy_proxy_protocol_refused_total", reason="closed") >= 1,
+                               "the health check to be counted", proxy)
+    assert received == 0 and seconds < 5
+    assert sample(samples, "kproxy_proxy_protocol_refused_total", reason="timeout") == 1
+    warnings = [r.getMessage() for r in kproxy_log.records if r.name == "kproxy.proxy_protocol"
+                and r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "no complete PROXY protocol header within 0.5s" in warnings[0], warnings
