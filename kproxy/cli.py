@@ -235,6 +235,11 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--log-level": ("log_level", "DEBUG, INFO, WARNING or ERROR"),
     "--instance-name": ("instance_name", "this kproxy's name in capture rows (default: host name)"),
     "--workers": ("workers", "worker processes sharing the listener ports (default 1: one process)"),
+    "--proxy-protocol": ("proxy_protocol", "off, v1, v2 or any: the Kafka listeners take connections "
+                                           "only with a PROXY protocol header (behind a load balancer)"),
+    "--proxy-protocol-trusted-cidrs": ("proxy_protocol_trusted_cidrs",
+                                       "CIDR,...: the peers that may send a PROXY header "
+                                       "(default 127.0.0.0/8,::1/128; others are refused)"),
 }
 
 

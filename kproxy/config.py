@@ -8,6 +8,7 @@ single line naming the key and why (``ConfigError``), never later at run time.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import socket
 import tomllib
@@ -25,6 +26,15 @@ MODES = ("gateway", "sidecar")
 ROUTINGS = ("ports", "sni")
 PORT_RULES = ("offset", "sequential", "map", "fixed")   # fixed: every node at the listen port
 ENV_PREFIX = "KPROXY_"
+# PROXY protocol on the Kafka listeners: off, or the header versions taken (any: v1 or v2).
+PROXY_PROTOCOLS = {"off": frozenset(), "v1": frozenset({1}), "v2": frozenset({2}), "any": frozenset({1, 2})}
+# Who may send a PROXY header unless proxy_protocol_trusted_cidrs says otherwise: this host
+# only (a balancer beside kproxy). A header is a claim about who the client is; trusting it
+# from any peer lets every client that reaches the port pick its own address. The networks a
+# real balancer connects from (an NLB's subnets, a cluster's node range) differ per site and
+# cannot be guessed, and a private-network default would trust every pod or VM in them:
+# peers outside are refused (and logged, naming this setting) until it names them.
+DEFAULT_PROXY_PROTOCOL_TRUSTED = ("127.0.0.0/8", "::1/128")
 
 # Kafka clients close idle connections after connections.max.idle.ms (9 min by
 # default); the proxy waits a little longer so it is never the one that cuts first.
@@ -147,6 +157,17 @@ class Config:
     # logged, never in repr. Unset: capture control over HTTP is refused.
     admin_token_file: str | None = None
     admin_token: str | None = field(default=None, repr=False)
+    # PROXY protocol (HAProxy's v1/v2) on every Kafka listener (bootstrap, per-broker, SNI):
+    # off, v1, v2 or any. On, each connection must start with a header, from a peer in
+    # proxy_protocol_trusted_cidrs, and the client address it names is the one reported.
+    proxy_protocol: str = "off"
+    proxy_protocol_trusted_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = tuple(
+        ipaddress.ip_network(n) for n in DEFAULT_PROXY_PROTOCOL_TRUSTED)
+
+    @property
+    def proxy_protocol_versions(self) -> frozenset[int]:
+        """The PROXY header versions the Kafka listeners take (empty: the feature is off)."""
+        return PROXY_PROTOCOLS[self.proxy_protocol]
 
     @property
     def port_base(self) -> int:
@@ -175,10 +196,10 @@ _SCALARS: dict[str, type] = {
     "metrics_label_cap": int, "capture_autostart": bool,
     "instance_name": str,
     "capture_root": str, "capture_allow_record_data": bool, "admin_token_file": str,
-    "admin_token": str, "workers": int,
+    "admin_token": str, "workers": int, "proxy_protocol": str,
 }
 _KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "probe_listen", "broker_port_map",
-                          "tls_server", "tls_client", "capture"}
+                          "tls_server", "tls_client", "capture", "proxy_protocol_trusted_cidrs"}
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
@@ -293,6 +314,28 @@ def _admin_token(values: dict[str, Any]) -> None:
     values["admin_token"] = token
 
 
+def _trusted_cidrs(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """``"10.0.0.0/8,2001:db8::/32"`` (env, flags) or a list (file) into networks; a bare
+    address is a network of one."""
+    key = "proxy_protocol_trusted_cidrs"
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError(f"{key}: expected a list of networks (CIDR), got {value!r}")
+    networks = []
+    for item in items:
+        text = str(item).strip()
+        if not text:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(text))
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc} (write a network as 10.0.0.0/8 or 2001:db8::/32)") from None
+    if not networks:
+        raise ConfigError(f"{key}: empty, so every connection would be refused; name the networks "
+                          f"your load balancers connect from")
+    return tuple(networks)
+
+
 def read_file(path: str | Path) -> dict[str, Any]:
     """A TOML (.toml) or YAML (.yaml/.yml) config file as a dict."""
     path = Path(path)
@@ -354,6 +397,12 @@ def build(*layers: Mapping[str, Any]) -> Config:
             raise ConfigError("broker_port_map: expected NODE_ID=PORT pairs") from None
     if "capture" in raw:
         values["capture"] = _capture(raw.pop("capture"))
+    if raw.get("proxy_protocol") is False:     # YAML 1.1 reads a bare `off` as false
+        raw["proxy_protocol"] = "off"
+    if "proxy_protocol" in raw:
+        raw["proxy_protocol"] = str(raw["proxy_protocol"]).strip().lower()
+    if "proxy_protocol_trusted_cidrs" in raw:
+        values["proxy_protocol_trusted_cidrs"] = _trusted_cidrs(raw.pop("proxy_protocol_trusted_cidrs"))
     values["tls_server"] = _tls("tls_server", raw.pop("tls_server", None), TLSServer)
     values["tls_client"] = _tls("tls_client", raw.pop("tls_client", None), TLSClient)
     for key, value in raw.items():
@@ -387,8 +436,18 @@ def _validate(c: Config) -> None:
     if c.capture_autostart and c.capture is None:
         raise ConfigError("capture_autostart: needs a capture table (at least its directory)")
     _validate_workers(c)
+    _validate_proxy_protocol(c)
     if c.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level: must be DEBUG, INFO, WARNING or ERROR, got {c.log_level!r}")
+
+
+def _validate_proxy_protocol(c: Config) -> None:
+    if c.proxy_protocol not in PROXY_PROTOCOLS:
+        raise ConfigError(f"proxy_protocol: must be one of {', '.join(PROXY_PROTOCOLS)}, "
+                          f"got {c.proxy_protocol!r}")
+    default = tuple(ipaddress.ip_network(n) for n in DEFAULT_PROXY_PROTOCOL_TRUSTED)
+    if c.proxy_protocol == "off" and c.proxy_protocol_trusted_cidrs != default:
+        raise ConfigError("proxy_protocol_trusted_cidrs: only used with proxy_protocol = v1, v2 or any")
 
 
 def _validate_workers(c: Config) -> None:

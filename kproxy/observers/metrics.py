@@ -44,6 +44,7 @@ from ..protocol.records import CODEC_NAMES, count_batches
 from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
 from ..protocol.walk import error_codes, error_walker
 from ..protocol.tls_failures import HANDSHAKE_FAILURES
+from ..protocol.proxy_header import REFUSAL_REASONS as PROXY_HEADER_REFUSALS
 
 # Request-to-response time: sub-millisecond local answers up to Fetch/JoinGroup waits.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -112,7 +113,10 @@ REJOIN_ERROR_CODES = frozenset(code for code, name in schema.ERROR_NAMES.items()
 CLOSE_REASONS = ("client_closed", "broker_closed", "frame_too_large", "rewrite_failed",
                  "idle_timeout", "shutdown", "socket_error", "upstream_unreachable",
                  "max_connections", "fd_limit", "request_deadline", "untrackable_request", "unpaired_response",
-                 *WRONG_PROTOCOLS, "other")
+                 *WRONG_PROTOCOLS, "proxy_protocol", "other")
+# Connections refused for their PROXY protocol header (or its absence): closed with this
+# reason; kproxy_proxy_protocol_refused_total says which refusal.
+PROXY_PROTOCOL_CLOSE_REASON = "proxy_protocol"
 # Misconfigurations are told apart first: their messages name the mistake, not a frame size.
 _CLOSE_NEEDLES = tuple((phrase.lower(), cause) for cause, phrase in WRONG_PROTOCOLS.items()) + (
     ("client closed", "client_closed"), ("broker closed", "broker_closed"),
@@ -302,6 +306,13 @@ class Metrics:
             ["reason"], registry=r)
         for reason in SNI_REFUSAL_REASONS:
             self.sni_refusals.labels(reason)
+        self.proxy_header_refusals = Counter(
+            "kproxy_proxy_protocol_refused_total",
+            "Connections refused on a PROXY protocol listener: a peer outside the trusted networks, "
+            "no header, one of another version, malformed, too long, not complete in time, or "
+            "closed before it was", ["reason"], registry=r)
+        for reason in PROXY_HEADER_REFUSALS:
+            self.proxy_header_refusals.labels(reason)
         unbound = Gauge("kproxy_broker_listeners_unbound",
                         "Broker listeners kproxy cannot bind now (their nodes are withheld from clients)",
                         registry=r)
@@ -839,6 +850,12 @@ class Metrics:
 
     def sni_refused(self, reason: str) -> None:
         self.sni_refusals.labels(reason).inc()
+
+    def proxy_header_refused(self, listener: str, reason: str) -> None:
+        """A PROXY protocol listener closed a connection for its header (or the lack of one)."""
+        self.proxy_header_refusals.labels(reason if reason in PROXY_HEADER_REFUSALS else "malformed").inc()
+        self.connections_opened.labels(listener).inc()
+        self.connections_closed.labels(listener, PROXY_PROTOCOL_CLOSE_REASON).inc()
 
 
 

@@ -1,6 +1,7 @@
 """One proxied connection: a client socket, an upstream socket, two protocols.
 
-With ``server.py``, the only code that touches sockets. Each socket is an
+With ``server.py`` (and ``proxy_protocol.py``, which reads a PROXY protocol header before
+a connection becomes an ``Endpoint``), the only code that touches sockets. Each socket is an
 ``Endpoint`` (an ``asyncio.BufferedProtocol``): the event loop reads straight
 into a ``ReadArena`` that all connections of an event loop share (or, for the
 rest of a large frame, into the buffer the tracker assembles it in: the arena
@@ -138,6 +139,9 @@ class ConnectionInfo:
     node_id: int | None           # upstream node, when the listener is a broker's
     opened: float | None = None   # wall clock (time.time()) when kproxy accepted the client
     principal: str | None = None  # the client certificate's subject, when TLS verified one
+    # The peer kproxy accepted (a load balancer) when a PROXY protocol header named the
+    # client; ``client`` is then the header's source.
+    via: HostPort | None = None
 
 
 @dataclass
@@ -278,6 +282,11 @@ class ReadArena:
 class Endpoint(asyncio.BufferedProtocol):
     """One socket of a proxied connection (the client's or the broker's)."""
 
+    # Set (on the instance) by a PROXY protocol listener whose header named the client:
+    # its address, and the peer that sent the header. Class defaults: nothing per connection.
+    client_address: HostPort | None = None
+    via: HostPort | None = None
+
     def __init__(self, arena: ReadArena, side: str, on_accept=None):
         self.arena = arena
         self.side = side                         # "client" or "broker"
@@ -300,6 +309,8 @@ class Endpoint(asyncio.BufferedProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self._paused_for:       # read before this call (TLS started after a PROXY header)
+            transport.pause_reading()
         if self._on_accept is not None:
             self.task = asyncio.get_running_loop().create_task(self._on_accept(self))
 
@@ -802,7 +813,8 @@ async def _connect(policy: RelayPolicy, arena: ReadArena) -> tuple[HostPort, End
 
 async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None:
     """Serve one accepted client connection until either side closes."""
-    peer = client.get_extra_info("peername") or ("?", 0)
+    via = client.via                     # a PROXY protocol header named the client: its sender
+    peer = client.client_address or client.get_extra_info("peername") or ("?", 0)
     peer = (peer[0], peer[1])
     relay.client = client
     try:
@@ -835,7 +847,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
         broker.close()
         return
     relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened,
-                                certificate_subject(client.get_extra_info("peercert")))
+                                certificate_subject(client.get_extra_info("peercert")), via)
     relay.budget = budget = loop_buffer_budget()
     arena = client.arena
 
@@ -849,8 +861,8 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
     relay.observers = [o for o in policy.observers if getattr(o, "takes_events", True)]
     for endpoint in (client, broker):
         endpoint.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
-    log.info("conn=%d open client=%s:%d listener=%s upstream=%s:%d",
-             relay.info.id, *peer, policy.name, *upstream)
+    log.info("conn=%d open client=%s:%d%s listener=%s upstream=%s:%d",
+             relay.info.id, *peer, "" if via is None else f" via={via[0]}:{via[1]}", policy.name, *upstream)
     notify_hook(policy.observers, "connection_opened", relay.info)
     relay.done = asyncio.get_running_loop().create_future()
     broker.link(relay, client)

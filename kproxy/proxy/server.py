@@ -56,6 +56,7 @@ from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseRece
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
 from .own_requests import OwnRequests
+from .proxy_protocol import HeaderGate, serve_proxied
 from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
 from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
@@ -173,6 +174,10 @@ class Proxy:
             self._tls_handshake_failed) if config.tls_server else None
         self._tls_log = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL)
         self._client_ssl = client_context(config.tls_client) if config.tls_client else None
+        # PROXY protocol (off: None, and listeners accept straight into the relay).
+        self._header_gate = HeaderGate(
+            config.proxy_protocol_versions, config.proxy_protocol_trusted_cidrs, self.observers,
+            lambda: self._server_ssl, self._connection_limit) if config.proxy_protocol_versions else None
         # Discovery (SNI) and readiness: requests of kproxy's own to the upstreams.
         self.own_requests = OwnRequests(config, self._bootstrap_candidates, self._client_ssl)
         self._reaper: asyncio.Task | None = None
@@ -462,8 +467,12 @@ class Proxy:
         return handle
 
     async def _serve(self, name: str, policy: RelayPolicy, sock: socket.socket) -> None:
-        server = await serve_relays(self._handler(policy), sock=sock,
-                                    ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
+        if self._header_gate is not None:       # the header first, then TLS (if any)
+            server = await serve_proxied(self._header_gate, policy.name, self._handler(policy), sock,
+                                         LISTEN_BACKLOG)
+        else:
+            server = await serve_relays(self._handler(policy), sock=sock,
+                                        ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
         if self.stopping:            # bound by a retry as shutdown began: never serve it
             server.close()
             return
@@ -596,10 +605,12 @@ class Proxy:
     # ------------------------------------------------------------ lifecycle
 
     def _connection_limit(self) -> str | None:
-        """Why one more connection cannot be taken now, if it cannot."""
-        if len(self.relays) >= self.config.max_connections:
+        """Why one more connection cannot be taken now, if it cannot (those still sending
+        a PROXY protocol header count too: each holds a socket)."""
+        taken = len(self.relays) + (len(self._header_gate.pending) if self._header_gate is not None else 0)
+        if taken >= self.config.max_connections:
             return f"max_connections ({self.config.max_connections}) reached"
-        if self._fd_connections is not None and len(self.relays) >= self._fd_connections:
+        if self._fd_connections is not None and taken >= self._fd_connections:
             return (f"the open file limit ({self._fd_limit}) leaves room for {self._fd_connections} "
                     f"proxied connections (two sockets each); raise it (ulimit -n, LimitNOFILE)")
         return None
@@ -650,6 +661,8 @@ class Proxy:
         self.started = True
         log.info("kproxy %s listening on %s:%d, upstream %s", c.mode, *self.bootstrap_address,
                  ",".join(f"{h}:{p}" for h, p in c.upstreams))
+        if self._header_gate is not None:
+            log.info("%s", self._header_gate.describe())
         if self.sni_names is not None:
             self._check_certificate_covers(self.sni_names.bootstrap)
             log.info("routing by TLS server name: %s%s and %s (node 1), all on port %d",
@@ -677,6 +690,8 @@ class Proxy:
         self.stopping = True
         for server in list(self.listeners.values()):
             server.close()
+        if self._header_gate is not None:
+            self._header_gate.close_all()
         for entry in self.unbound.values():
             entry.retry.cancel()
         for relay in list(self.relays):

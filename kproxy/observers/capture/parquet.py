@@ -15,7 +15,7 @@ column                   type                              meaning
 capture_version          int16                             schema version of this row (3)
 time                     timestamp[us, tz=UTC]             when the request was complete at kproxy
 connection_id            int64                             kproxy's connection id (per process)
-client_host              string                            client address as kproxy saw it
+client_host              string                            client address (a PROXY protocol header's, if one named it)
 client_port              int32
 listener                 string                            "bootstrap" or "broker-<node id>"
 upstream_host            string                            broker address kproxy connected to
