@@ -7,7 +7,7 @@
 #   make audit         known vulnerabilities in those pins (exit 2: no advisory database reachable)
 VENV := .venv
 
-.PHONY: setup test demo schema schema-check bench constraints audit
+.PHONY: setup test demo schema schema-check helm-files bench constraints audit
 
 setup:
 	@bash scripts/setup.sh
@@ -23,6 +23,9 @@ schema:
 
 schema-check:
 	$(VENV)/bin/python tools/generate_schema.py --check
+
+helm-files:
+	python3 tools/sync_helm_files.py
 
 bench: setup
 	$(VENV)/bin/python benchmarks/bench_codec.py
