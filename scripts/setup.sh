@@ -50,7 +50,7 @@ cache=${KPROXY_CACHE_DIR:-$HOME/.cache/kproxy}
 if [ ! -x "$cache/helm-$HELM_VERSION/helm" ]; then
     go=$(command -v go || echo /usr/local/go/bin/go)
     if [ ! -x "$go" ]; then
-        echo "setup: Go is needed to build helm $HELM_VERSION (the Helm chart's tests); install Go 1.24+" >&2
+        echo "setup: Go is needed to build helm $HELM_VERSION (the Helm chart's tests); install Go 1.26 or later (helm v3.22 needs it)" >&2
         exit 1
     fi
     echo "setup: building helm $HELM_VERSION from its Go module (once; a few minutes)"
