@@ -7,7 +7,7 @@
 #   make audit         known vulnerabilities in those pins (exit 2: no advisory database reachable)
 VENV := .venv
 
-.PHONY: setup setup-demo test demo schema schema-check bench constraints audit
+.PHONY: setup setup-demo test demo schema schema-check helm-files bench constraints audit
 
 # Root (apt-get) is asked only for what is missing: the demo needs Java (and Maven until
 # Kafka's jars are cached); the tests add Prometheus, tshark, Chromium and openssl.
@@ -28,6 +28,9 @@ schema:
 
 schema-check:
 	$(VENV)/bin/python tools/generate_schema.py --check
+
+helm-files:
+	python3 tools/sync_helm_files.py
 
 bench: setup
 	$(VENV)/bin/python benchmarks/bench_codec.py

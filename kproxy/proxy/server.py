@@ -55,7 +55,7 @@ from ..protocol import encode_response
 from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
-from .own_requests import OwnRequests
+from .own_requests import READINESS_TIMEOUT_S, OwnRequests
 from .proxy_protocol import HeaderGate, serve_proxied
 from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
@@ -352,8 +352,27 @@ class Proxy:
         return self._sni_policies[route]
 
     async def upstream_ready(self) -> tuple[bool, str]:
-        """Whether a broker answers an ApiVersions round trip (for /readyz; cached, shared)."""
-        return await self.own_requests.upstream_ready()
+        """Whether a broker answers an ApiVersions round trip (for /readyz; cached, shared).
+
+        A gateway routing by ports that knows no broker yet asks the cluster for them
+        first and opens their listeners: replicas behind one Service (a client that
+        bootstrapped through one may reach a broker's port on another) then serve every
+        broker's port from their first ready answer, not only once a client's Metadata
+        has passed through them. A cluster that answers only after SASL keeps the old
+        way: a replica learns the brokers from its first client's Metadata.
+        """
+        ready = self.own_requests.upstream_ready()
+        if self.config.mode == "gateway" and self.sni_names is None and not self.upstream_of:
+            _, answer = await asyncio.gather(self._learn_brokers_for_readiness(), ready)
+            return answer
+        return await ready
+
+    async def _learn_brokers_for_readiness(self) -> None:
+        """Learn the brokers within the readiness check's own time limit (beside it)."""
+        try:
+            await asyncio.wait_for(self.own_requests.learn_brokers(self.advertise), READINESS_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            pass                # the readiness answer says why the cluster does not answer
 
     # ------------------------------------------------------------ rewriting
 

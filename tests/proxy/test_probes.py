@@ -133,6 +133,21 @@ def test_healthz_turns_503_when_the_event_loop_is_blocked():
     assert "did not check the upstream" in ready_body, ready_body
 
 
+def test_a_gateway_serves_every_broker_port_once_ready(kafka_cluster, node_ids):
+    """Gateway replicas behind one Service (the Helm chart's): a client that bootstrapped
+    through one replica may open its broker connections on another, through which no
+    client's Metadata has passed. The readiness check learns the brokers, so a gateway
+    that answers ready accepts on every broker's port."""
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers) as proxy:
+        assert proxy.served_broker_addresses() == set()        # no client yet, nothing learnt
+        status, body = get(proxy.admin_url + "/readyz")
+        assert status == 200, body
+        served = proxy.runtime.proxy.broker_addresses()
+        assert sorted(served) == sorted(node_ids)
+        for host, port in served.values():
+            socket.create_connection((host, port), timeout=PROBE_ANSWER_TIMEOUT_S).close()
+
+
 def test_readyz_on_the_probe_port_is_503_when_the_broker_does_not_answer():
     """A port that accepts TCP but never answers (a stopped broker): 503 naming it."""
     with silent_port() as (host, port), \
