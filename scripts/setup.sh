@@ -85,7 +85,7 @@ done
 "$VENV/bin/python" -m kproxy.embedded fetch "${fetch_args[@]}"
 
 if [ "$PROFILE" = test ]; then
-    # Helm, for the chart's tests (test profile only) (tests/deploy/test_helm.py: helm lint and helm template),
+    # Helm, for the chart's tests (tests/deploy/test_helm.py: helm lint and helm template),
     # built from its Go module (no binary download is reachable) into the same cache; skipped
     # when cached. The tests look for it at $KPROXY_CACHE_DIR/helm-$HELM_VERSION/helm.
     HELM_VERSION=v3.22.0
