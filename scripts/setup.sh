@@ -84,27 +84,25 @@ for version in $kafka_versions; do
 done
 "$VENV/bin/python" -m kproxy.embedded fetch "${fetch_args[@]}"
 
-if [ "$PROFILE" = test ]; then
-    # Helm, for the chart's tests (tests/deploy/test_helm.py: helm lint and helm template),
-    # built from its Go module (no binary download is reachable) into the same cache; skipped
-    # when cached. The tests look for it at $KPROXY_CACHE_DIR/helm-$HELM_VERSION/helm.
-    HELM_VERSION=v3.22.0
-    # The Kubernetes version helm renders for and lints against by default: its release builds
-    # take it from their client-go (v0.37.0 in v3.22.0 -> 1.37); without these flags it says 1.20.
-    HELM_KUBE_MINOR=37
-    cache=${KPROXY_CACHE_DIR:-$HOME/.cache/kproxy}
-    if [ ! -x "$cache/helm-$HELM_VERSION/helm" ]; then
-        go=$(command -v go || echo /usr/local/go/bin/go)
-        if [ ! -x "$go" ]; then
-            echo "setup: Go is needed to build helm $HELM_VERSION (the Helm chart's tests); install Go 1.26 or later (helm v3.22 needs it)" >&2
-            exit 1
-        fi
-        echo "setup: building helm $HELM_VERSION from its Go module (once; a few minutes)"
-        ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.metadata="
-        for pkg in pkg/lint/rules pkg/chartutil; do
-            ldflags+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=$HELM_KUBE_MINOR"
-        done
-        GOBIN="$cache/helm-$HELM_VERSION" CGO_ENABLED=0 "$go" install -ldflags "$ldflags" \
-            "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+# Helm, for the chart's tests (test profile; tests/deploy/test_helm.py: helm lint and template),
+# built from its Go module (no binary download is reachable) into the same cache; skipped
+# when cached. The tests look for it at $KPROXY_CACHE_DIR/helm-$HELM_VERSION/helm.
+HELM_VERSION=v3.22.0
+# The Kubernetes version helm renders for and lints against by default: its release builds
+# take it from their client-go (v0.37.0 in v3.22.0 -> 1.37); without these flags it says 1.20.
+HELM_KUBE_MINOR=37
+cache=${KPROXY_CACHE_DIR:-$HOME/.cache/kproxy}
+if [ "$PROFILE" = test ] && [ ! -x "$cache/helm-$HELM_VERSION/helm" ]; then
+    go=$(command -v go || echo /usr/local/go/bin/go)
+    if [ ! -x "$go" ]; then
+        echo "setup: Go is needed to build helm $HELM_VERSION (the Helm chart's tests); install Go 1.26 or later (helm v3.22 needs it)" >&2
+        exit 1
     fi
+    echo "setup: building helm $HELM_VERSION from its Go module (once; a few minutes)"
+    ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.metadata="
+    for pkg in pkg/lint/rules pkg/chartutil; do
+        ldflags+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=$HELM_KUBE_MINOR"
+    done
+    GOBIN="$cache/helm-$HELM_VERSION" CGO_ENABLED=0 "$go" install -ldflags "$ldflags" \
+        "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
