@@ -16,17 +16,19 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from prometheus_client.parser import text_string_to_metric_families
 
 from kproxy import config as config_module
 from kproxy.proxy import tls_reload
 from tests.observers.metrics import sample, scrape
 from tests.proxy.certs import PKI, Identity, encrypted_key, issue_server, pkcs12_keystore
-from tests.proxy.harness import (REPO, ConfluentTraffic, ProxyThread, wait_for)
+from tests.proxy.harness import REPO, ConfluentTraffic, KproxyProcess, ProxyThread, free_ports, wait_for
 from tests.proxy.wire import create_topic
 from tests.protocol.frames import framed
 
@@ -40,6 +42,9 @@ PROGRESS = 50                  # messages acknowledged and consumed between the 
 PASSWORD = "s3cret pass"       # with a space: the password file's content is taken as is
 API_VERSIONS_V0 = b"\x00\x12\x00\x00\x00\x00\x00\x01\xff\xff"   # key 18, v0, correlation 1, no client id
 START_TIMEOUT_S = 60.0         # `kproxy run`: an interpreter start and imports on a busy machine
+# Handshakes per check with two workers: the kernel spreads connections between them, so
+# several make it all but certain that both answer.
+HANDSHAKES_PER_CHECK = 8
 
 
 class SecretVolume:
@@ -337,6 +342,37 @@ def test_flags_and_env_without_a_config_file_and_sighup_reloads_at_once(kafka_cl
         process.send_signal(signal.SIGTERM)
         code = process.wait(60)
     assert code == 0, log_path.read_text()[-5000:]
+
+
+def test_sighup_to_the_supervisor_reloads_every_worker(kafka_cluster, pki, tmp_path):
+    """`kproxy run --workers 2`: SIGHUP to the supervisor reaches each worker, which
+    reloads its own files; new handshakes, whichever worker takes them, see the new
+    certificate, and the merged expiry is the new one's."""
+    new = issue_server(tmp_path / "rotated", "server-rotated", pki)
+    volume = SecretVolume(tmp_path / "secret", pem_files(pki.server))
+    node_ids = [n.node_id for n in kafka_cluster.nodes]
+    with KproxyProcess(tmp_path, upstream=kafka_cluster.bootstrap_servers, workers=2,
+                       broker_port_rule="map", broker_port_map=dict(zip(node_ids, free_ports(len(node_ids)))),
+                       tls_server_cert_file=volume["tls.crt"], tls_server_key_file=volume["tls.key"]) as kproxy:
+        address = ("127.0.0.1", kproxy.listen_port)
+        assert {served_serial(address, pki) for _ in range(HANDSHAKES_PER_CHECK)} == {serial_of(pki.server)}
+        volume.update(pem_files(new))
+        os.kill(kproxy.pid, signal.SIGHUP)
+        for index in range(2):
+            wait_for(lambda: f"[worker {index}] TLS server: reloaded (SIGHUP)" in kproxy.log_text(),
+                     RELOAD_TIMEOUT_S, f"worker {index}'s SIGHUP reload")
+        assert {served_serial(address, pki) for _ in range(HANDSHAKES_PER_CHECK)} == {serial_of(new)}
+        expiry = metric_value(kproxy.admin_url, "kproxy_tls_certificate_expiry_timestamp_seconds",
+                              side="server")
+        assert expiry == pytest.approx(not_after_of(new))
+    assert kproxy.returncode == 0
+
+
+def metric_value(admin_url: str, name: str, **labels) -> float:
+    with urllib.request.urlopen(admin_url + "/metrics", timeout=HANDSHAKE_TIMEOUT_S) as answer:
+        text = answer.read().decode()
+    return next(s.value for family in text_string_to_metric_families(text) for s in family.samples
+                if s.name == name and s.labels == labels)
 
 
 # ---------------------------------------------------------------- the broker side
