@@ -278,10 +278,11 @@ class Proxy:
 
     def reload_tls(self, why: str = "SIGHUP") -> None:
         """Reload every TLS side's files now (SIGHUP); failures keep the old ones."""
-        sides = [t for t in (self.server_tls, self.client_tls) if t is not None]
+        sides = [t for t in (self.server_tls, self.client_tls) if t is not None and t.files]
         if not sides:
             log.info("%s: no TLS files to reload", why)
         loop = asyncio.get_running_loop()
+        self._tls_watches = [task for task in self._tls_watches if not task.done()]
         for tls in sides:
             self._tls_watches.append(loop.create_task(tls.reload(why)))
 
@@ -703,7 +704,7 @@ class Proxy:
         await self._serve("bootstrap", policy, sock)
         self._reaper = asyncio.get_running_loop().create_task(self._reap_idle())
         self._tls_watches += [asyncio.get_running_loop().create_task(tls.watch())
-                              for tls in (self.server_tls, self.client_tls) if tls is not None]
+                              for tls in (self.server_tls, self.client_tls) if tls is not None and tls.files]
         self.started = True
         log.info("kproxy %s listening on %s:%d, upstream %s", c.mode, *self.bootstrap_address,
                  ",".join(f"{h}:{p}" for h, p in c.upstreams))

@@ -96,8 +96,8 @@ def check_settings(key: str, tls) -> None:
     if tls.keystore_file is not None and pem:
         raise TLSFilesError(f"{key}.keystore_file: give either a keystore or cert_file and key_file, not both")
     if (tls.cert_file is None) != (tls.key_file is None):
-        missing = "key_file" if tls.key_file is None else "cert_file"
-        raise TLSFilesError(f"{key}.{missing}: required with {key}.{'cert_file' if missing == 'key_file' else 'key_file'}")
+        given, missing = ("cert_file", "key_file") if tls.key_file is None else ("key_file", "cert_file")
+        raise TLSFilesError(f"{key}.{missing}: required with {key}.{given}")
     if key == "tls_server" and tls.cert_file is None and tls.keystore_file is None:
         raise TLSFilesError(f"{key}: needs kproxy's certificate: cert_file and key_file, or keystore_file")
     if tls.key_password_file is not None and tls.key_file is None:

@@ -62,10 +62,13 @@ class ReloadingContext:
         self._failed_digest: str | None = None      # broken files already warned about
         self._lock = asyncio.Lock()
         self._on_change: list[Callable[[Material], None]] = []
+        self.files = sorted(file_settings(tls).values())
         notify_hook(observers, "tls_certificate_loaded", side, self.material.not_after)
-        log.info("TLS %s: %s; watching %s for changes every %gs (and on SIGHUP)", side,
-                 self.material.describe(), ", ".join(sorted(file_settings(tls).values())),
-                 POLL_INTERVAL_S)
+        if self.files:
+            log.info("TLS %s: %s; watching %s for changes every %gs (and on SIGHUP)", side,
+                     self.material.describe(), ", ".join(self.files), POLL_INTERVAL_S)
+        else:
+            log.info("TLS %s: no files (the system trust store)", side)
 
     def on_change(self, callback: Callable[[Material], None]) -> None:
         """``callback(material)`` after each successful reload."""

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kproxy import config as config_module
 from kproxy.proxy import tls_reload
 from tests.observers.metrics import sample, scrape
-from tests.proxy.certs import PKI, Identity, encrypted_key, issue_server, pkcs12_keystore
+from tests.proxy.certs import SNI_DOMAIN, PKI, Identity, encrypted_key, issue_server, pkcs12_keystore
 from tests.proxy.harness import REPO, ConfluentTraffic, KproxyProcess, ProxyThread, free_ports, wait_for
 from tests.proxy.wire import create_topic
 from tests.protocol.frames import framed
@@ -207,6 +207,45 @@ def test_a_broken_rotation_keeps_the_old_certificate_and_says_why(
         volume.update(pem_files(new))
         wait_for(lambda: served_serial(address, pki) == serial_of(new), RELOAD_TIMEOUT_S,
                  "the fixed files to be loaded")
+
+
+def sni_serial(address: tuple[str, int], pki: PKI, server_name: str) -> int | str:
+    """The serial a handshake naming ``server_name`` is shown, or the error that ended it."""
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    raw = socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT_S)
+    try:
+        with context.wrap_socket(raw, server_hostname=server_name) as conn:
+            return x509.load_der_x509_certificate(conn.getpeercert(binary_form=True)).serial_number
+    except (ssl.SSLError, ConnectionResetError) as exc:
+        return repr(exc)
+    finally:
+        raw.close()
+
+
+def test_sni_routing_serves_the_rotated_certificate_and_still_refuses_unknown_names(
+        pki, tmp_path, fast_polls, kproxy_log):
+    """With routing = "sni" the one handshake callback both routes and moves the handshake
+    to the newest certificate: after a rotation the names are served the new one, unknown
+    names are still refused, and a new certificate that misses the advertised names is
+    warned about."""
+    sni_domain = SNI_DOMAIN
+    new = issue_server(tmp_path / "rotated", "sni-rotated", pki, san=f"DNS:*.{sni_domain}")
+    volume = SecretVolume(tmp_path / "secret", pem_files(pki.sni))
+    bootstrap = f"bootstrap.{sni_domain}"
+    with ProxyThread(upstream="127.0.0.1:9", routing="sni", sni_host_template=f"broker-{{node_id}}.{sni_domain}",
+                     sni_bootstrap_host=bootstrap,
+                     tls_server={"cert_file": volume["tls.crt"], "key_file": volume["tls.key"]}) as proxy:
+        address = proxy.runtime.proxy.bootstrap_address
+        assert sni_serial(address, pki, bootstrap) == serial_of(pki.sni)
+        volume.update(pem_files(new))
+        wait_for(lambda: sni_serial(address, pki, bootstrap) == serial_of(new), RELOAD_TIMEOUT_S,
+                 "the rotated certificate for the bootstrap name")
+        assert sni_serial(address, pki, f"broker-7.{sni_domain}") == serial_of(new)
+        assert "SSLError" in str(sni_serial(address, pki, f"other.{sni_domain}"))
+        assert not [m for m in tls_messages(kproxy_log, logging.WARNING)]
+        volume.update(pem_files(pki.server))                 # for 127.0.0.1/localhost only
+        wait_for(lambda: [r for r in kproxy_log.records if f"is not valid for {bootstrap}" in r.getMessage()],
+                 RELOAD_TIMEOUT_S, "the warning that the new certificate misses the bootstrap name")
 
 
 # ---------------------------------------------------------------- keystores, passwords
