@@ -33,7 +33,9 @@ address) it also refuses other nodes' names, which would otherwise reach the
 wrong broker.
 
 What kproxy asks the cluster itself (where the brokers are, for SNI; whether one
-answers, for ``/readyz``) lives in ``own_requests``.
+answers, for ``/readyz``) lives in ``own_requests``. TLS certificates, keys and CAs
+are reloaded when their files change or on SIGHUP (``tls_reload``): listeners keep
+one SSL context, whose handshake callback moves each new handshake to the newest.
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, 
                       rewrite_addresses, withhold_nodes)
 from .sni import BOOTSTRAP, certificate_covers
 from .tls import client_context, server_context
-from .tls_reload import ReloadingContext
 
 log = logging.getLogger("kproxy.server")
 
@@ -173,6 +174,8 @@ class Proxy:
         # _server_ssl for good, and its SNI callback moves each handshake to the newest.
         self._server_ssl: ssl.SSLContext | None = None
         self.server_tls = self.client_tls = None
+        if config.tls_server is not None or config.tls_client is not None:
+            from .tls_reload import ReloadingContext     # cryptography: only with TLS (~16 MB)
         if config.tls_server is not None:
             self.server_tls = ReloadingContext("server", "tls_server", config.tls_server,
                                                self._new_server_context, self.observers)
