@@ -39,8 +39,6 @@ POLL_INTERVAL_S = 5.0
 # A change is acted on once the files read the same twice this far apart: a writer that
 # replaces the certificate and then the key (cp, cp) is not caught half-way and warned about.
 SETTLE_S = 1.0
-SIDES = ("server", "client")
-RELOAD_OUTCOMES = ("success", "failure")
 
 
 class ReloadingContext:
