@@ -248,6 +248,37 @@ def test_sni_routing_serves_the_rotated_certificate_and_still_refuses_unknown_na
                  RELOAD_TIMEOUT_S, "the warning that the new certificate misses the bootstrap name")
 
 
+def mtls_answer(address: tuple[str, int], pki: PKI, identity: Identity) -> str:
+    """"answered" if kproxy answers ApiVersions over TLS presenting ``identity``, else the error."""
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    context.load_cert_chain(identity.cert, identity.key)
+    raw = socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT_S)
+    try:
+        with context.wrap_socket(raw, server_hostname=address[0]) as conn:
+            conn.sendall(framed(API_VERSIONS_V0))    # TLS 1.3: a refused certificate shows on the read
+            return "answered" if len(conn.recv(65536)) > 8 else "closed"
+    except (ssl.SSLError, ConnectionResetError, BrokenPipeError) as exc:
+        return repr(exc)
+    finally:
+        raw.close()
+
+
+def test_a_rotated_client_ca_decides_new_handshakes(kafka_cluster, pki, tmp_path, fast_polls, kproxy_log):
+    """mTLS: the CA client certificates must chain to is reloaded too: a client refused while
+    kproxy trusts another CA is accepted once the CA file holds its CA (no restart)."""
+    volume = SecretVolume(tmp_path / "secret", {**pem_files(pki.server), "ca.crt": pki.other_ca.read_bytes()})
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers,
+                     tls_server={"cert_file": volume["tls.crt"], "key_file": volume["tls.key"],
+                                 "client_ca_file": volume["ca.crt"]}) as proxy:
+        address = proxy.runtime.proxy.bootstrap_address
+        assert "SSLError" in mtls_answer(address, pki, pki.client)
+        assert mtls_answer(address, pki, pki.stranger) == "answered"        # other_ca's client
+        volume.update({**pem_files(pki.server), "ca.crt": pki.ca.read_bytes()})
+        wait_for(lambda: mtls_answer(address, pki, pki.client) == "answered", RELOAD_TIMEOUT_S,
+                 "the client to be accepted under the rotated CA")
+        assert "SSLError" in mtls_answer(address, pki, pki.stranger)
+
+
 # ---------------------------------------------------------------- keystores, passwords
 
 @pytest.fixture
