@@ -240,6 +240,34 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--proxy-protocol-trusted-cidrs": ("proxy_protocol_trusted_cidrs",
                                        "CIDR,...: the peers that may send a PROXY header "
                                        "(default 127.0.0.0/8,::1/128; others are refused)"),
+    # TLS: files, re-read when they change and on SIGHUP (flag/env beat the config file's tables)
+    "--tls-server-cert-file": ("tls_server_cert_file", "TLS to clients: kproxy's certificate chain (PEM)"),
+    "--tls-server-key-file": ("tls_server_key_file", "TLS to clients: its private key (PEM)"),
+    "--tls-server-key-password-file": ("tls_server_key_password_file",
+                                       "file holding the password of an encrypted key file"),
+    "--tls-server-keystore-file": ("tls_server_keystore_file",
+                                   "TLS to clients: a PKCS#12 keystore instead of the cert/key files"),
+    "--tls-server-keystore-password-file": ("tls_server_keystore_password_file",
+                                            "file holding the keystore's password"),
+    "--tls-server-client-ca-file": ("tls_server_client_ca_file",
+                                    "CA certificates (PEM) client certificates must chain to (mTLS)"),
+    "--tls-client-ca-file": ("tls_client_ca_file", "TLS to brokers: CA certificates (PEM) to trust "
+                                                   "(default: the system's)"),
+    "--tls-client-cert-file": ("tls_client_cert_file", "TLS to brokers: kproxy's client certificate (PEM)"),
+    "--tls-client-key-file": ("tls_client_key_file", "TLS to brokers: its private key (PEM)"),
+    "--tls-client-key-password-file": ("tls_client_key_password_file",
+                                       "file holding the password of an encrypted key file"),
+    "--tls-client-keystore-file": ("tls_client_keystore_file",
+                                   "TLS to brokers: a PKCS#12 keystore instead of the cert/key files"),
+    "--tls-client-keystore-password-file": ("tls_client_keystore_password_file",
+                                            "file holding the keystore's password"),
+}
+# Switches (store_true): flag -> (config key, value it sets, help)
+RUN_SWITCHES = {
+    "--tls-client": ("tls_client_enabled", True,
+                     "TLS to brokers, even with no other --tls-client-* setting (system trust store)"),
+    "--tls-client-no-check-hostname": ("tls_client_check_hostname", False,
+                                       "TLS to brokers: do not check the broker's name in its certificate"),
 }
 
 
@@ -251,6 +279,9 @@ def _run(args) -> int:
     overrides = {key: getattr(args, key) for key, _ in RUN_FLAGS.values()}
     if args.no_cap_api_versions:
         overrides["cap_api_versions"] = False
+    for key, value, _ in RUN_SWITCHES.values():
+        if getattr(args, key):
+            overrides[key] = value
     try:
         config = config_module.load(args.config, overrides=overrides)
     except config_module.ConfigError as exc:
@@ -282,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     capture_cli.add_arguments(sub)
     from .pipeline import cli as analyze_cli      # argparse only: Spark loads when analyze runs
     analyze_cli.add_arguments(sub)
+    for flag, (key, _, help_text) in RUN_SWITCHES.items():
+        run.add_argument(flag, dest=key, action="store_true", help=help_text)
     run.add_argument("--no-cap-api-versions", action="store_true",
                      help="pass ApiVersions through uncapped (clients may pick versions kproxy cannot rewrite)")
     demo = sub.add_parser("demo", help="start a local broker, run traffic through kproxy, print it decoded")

@@ -78,12 +78,19 @@ def parse_host_port(text: str, key: str) -> HostPort:
     return host, number
 
 
+# kproxy's own certificate and key come from either PEM files (cert_file and key_file; the
+# key may be encrypted, its password in key_password_file) or a PKCS#12 keystore
+# (keystore_file; its password in keystore_password_file). Every file is re-read when it
+# changes and on SIGHUP (proxy/tls_reload.py).
 @dataclass(frozen=True)
 class TLSServer:
     """TLS that kproxy terminates for clients."""
-    cert_file: str
-    key_file: str
+    cert_file: str | None = None             # PEM: the certificate, then any intermediates
+    key_file: str | None = None              # PEM (PKCS#8, PKCS#1 or SEC1), encrypted or not
     client_ca_file: str | None = None        # set to require and verify client certificates
+    key_password_file: str | None = None     # the password of an encrypted key_file
+    keystore_file: str | None = None         # PKCS#12: key and chain, instead of cert/key_file
+    keystore_password_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,20 @@ class TLSClient:
     cert_file: str | None = None             # client certificate for mTLS brokers
     key_file: str | None = None
     check_hostname: bool = True
+    key_password_file: str | None = None
+    keystore_file: str | None = None         # PKCS#12, instead of cert_file/key_file
+    keystore_password_file: str | None = None
+
+
+# Each TLS setting also as a flat key, ``tls_server_cert_file`` (flag --tls-server-cert-file,
+# env KPROXY_TLS_SERVER_CERT_FILE), so TLS needs no config file; a flat key overrides the
+# table's. tls_client_enabled = true turns TLS to brokers on with nothing else set (the
+# system trust store); false turns it off.
+TLS_SECTIONS: dict[str, type] = {"tls_server": TLSServer, "tls_client": TLSClient}
+TLS_FLAT_KEYS: dict[str, tuple[str, str]] = {      # flat key -> (section, setting)
+    f"{section}_{f.name}": (section, f.name)
+    for section, cls in TLS_SECTIONS.items() for f in dataclasses.fields(cls)}
+TLS_CLIENT_ENABLED = "tls_client_enabled"
 
 
 @dataclass(frozen=True)
@@ -199,7 +220,7 @@ _SCALARS: dict[str, type] = {
     "admin_token": str, "workers": int, "proxy_protocol": str,
 }
 _KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "probe_listen", "broker_port_map",
-                          "tls_server", "tls_client", "capture", "proxy_protocol_trusted_cidrs"}
+                          "tls_server", "tls_client", "capture", "proxy_protocol_trusted_cidrs"} | set(TLS_FLAT_KEYS) | {TLS_CLIENT_ENABLED}
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
@@ -218,23 +239,49 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
         raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}") from None
 
 
+def _tls_table(raw: dict[str, Any], key: str) -> Mapping[str, Any] | None:
+    """A TLS section: its table (file) with the flat keys (env, flags, file) laid over it."""
+    table = raw.pop(key, None)
+    flat = {setting: raw.pop(name) for name, (section, setting) in TLS_FLAT_KEYS.items()
+            if section == key and name in raw}
+    if key == "tls_client" and TLS_CLIENT_ENABLED in raw:
+        if not _coerce(TLS_CLIENT_ENABLED, raw.pop(TLS_CLIENT_ENABLED), bool):
+            if flat:
+                raise ConfigError(f"{TLS_CLIENT_ENABLED}: false, but tls_client_{sorted(flat)[0]} is set")
+            return None
+        table = table if table is not None else {}
+    if not flat:
+        return table
+    if table is not None and not isinstance(table, Mapping):
+        raise ConfigError(f"{key}: expected a table of settings")
+    return {**(table or {}), **flat}
+
+
 def _tls(key: str, value: Any, cls: type) -> Any:
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise ConfigError(f"{key}: expected a table of settings")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(value) - names
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(value) - set(fields)
     if unknown:
         raise ConfigError(f"{key}.{sorted(unknown)[0]}: unknown setting")
+    value = {name: _coerce(f"{key}.{name}", v, bool) if fields[name].type == "bool" else v
+             for name, v in value.items()}
     try:
         tls = cls(**value)
     except TypeError as exc:
         raise ConfigError(f"{key}: {exc}") from None
-    for f in dataclasses.fields(cls):
-        path = getattr(tls, f.name)
-        if f.name.endswith("_file") and path is not None and not Path(path).is_file():
-            raise ConfigError(f"{key}.{f.name}: no such file {path!r}")
+    for name in fields:
+        path = getattr(tls, name)
+        if name.endswith("_file") and path is not None and not Path(path).is_file():
+            raise ConfigError(f"{key}.{name}: no such file {path!r}")
+    from .proxy.tls_files import TLSFilesError, check_settings, load
+    try:
+        check_settings(key, tls)
+        load(key, tls)                 # what the files hold, checked once at start as well
+    except TLSFilesError as exc:
+        raise ConfigError(str(exc)) from None
     return tls
 
 
@@ -403,8 +450,8 @@ def build(*layers: Mapping[str, Any]) -> Config:
         raw["proxy_protocol"] = str(raw["proxy_protocol"]).strip().lower()
     if "proxy_protocol_trusted_cidrs" in raw:
         values["proxy_protocol_trusted_cidrs"] = _trusted_cidrs(raw.pop("proxy_protocol_trusted_cidrs"))
-    values["tls_server"] = _tls("tls_server", raw.pop("tls_server", None), TLSServer)
-    values["tls_client"] = _tls("tls_client", raw.pop("tls_client", None), TLSClient)
+    for key, cls in TLS_SECTIONS.items():
+        values[key] = _tls(key, _tls_table(raw, key), cls)
     for key, value in raw.items():
         values[key] = _coerce(key, value, _SCALARS[key])
     _capture_root(values)

@@ -187,11 +187,13 @@ class Runtime:
             await asyncio.to_thread(self.capture.stop)
 
     async def run_until_signalled(self) -> None:
-        """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+        """Serve until SIGTERM or SIGINT, then shut down gracefully; SIGHUP reloads the
+        TLS files."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.proxy.reload_tls)
         await self.start()
         # What exists now (modules, the Kafka schema tables: ~46,000 objects) lives as long
         # as the process. Frozen, a full garbage collection no longer walks it each time

@@ -18,6 +18,7 @@ The supervisor relays nothing. It:
   that doubles while it keeps dying; a worker dying before it serves, or within
   ``MIN_UPTIME_S``, ``START_FAILURES_BEFORE_GIVING_UP`` times in a row, stops
   everything (exit 1): a loop of restarts would hide the cause;
+- passes SIGHUP on to every worker (each reloads its TLS files; each also watches them);
 - on SIGTERM or SIGINT sends SIGTERM to every worker, which drains as a single
   kproxy does (``shutdown_timeout``), and kills what is left ``STOP_GRACE_S`` later;
 - serves the one admin listener (``kproxy.proxy.worker_admin``): metrics summed
@@ -130,6 +131,7 @@ async def _serve(runtime, pipe) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, runtime.proxy.reload_tls)
 
     def supervisor_gone():
         # The supervisor never writes: the pipe turns readable only when it has gone.
@@ -256,6 +258,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_tls)
         watchers: list[asyncio.Task] = []
         try:
             failures = await asyncio.gather(*(self._start(w) for w in self.workers))
@@ -291,6 +294,12 @@ class Supervisor:
             if self.probes is not None:
                 await asyncio.to_thread(self.probes.stop)
                 self.board.close()
+
+    def _reload_tls(self) -> None:
+        """SIGHUP: each worker reloads its own TLS files (each also watches them itself)."""
+        for worker in self.workers:
+            if worker.state == "serving" and worker.process.is_alive():   # its handler is set
+                os.kill(worker.process.pid, signal.SIGHUP)
 
     async def _watch(self, worker: _Worker) -> None:
         """Keep ``worker`` running; raises GiveUp when it keeps dying at start."""

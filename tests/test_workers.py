@@ -63,6 +63,20 @@ def test_merge_sums_counts_takes_the_highest_of_facts_and_keeps_process_series_p
     assert ("process_cpu_seconds_total", ()) not in merged
 
 
+def test_a_certificate_expiry_merges_to_the_soonest_any_worker_serves():
+    """Each worker reloads its certificate itself: the one still serving the older one
+    expires first, and that is what an alert must see."""
+    def expiry(server: float, client: float) -> str:
+        return ("# HELP kproxy_tls_certificate_expiry_timestamp_seconds Expiry\n"
+                "# TYPE kproxy_tls_certificate_expiry_timestamp_seconds gauge\n"
+                f'kproxy_tls_certificate_expiry_timestamp_seconds{{side="server"}} {server}\n'
+                f'kproxy_tls_certificate_expiry_timestamp_seconds{{side="client"}} {client}\n')
+    merged = samples(ExpositionMerger().merge({(0, 100): expiry(2e9, 1.5e9), (1, 101): expiry(1.8e9, 1.9e9)}))
+    name = "kproxy_tls_certificate_expiry_timestamp_seconds"
+    assert merged[(name, (("side", "server"),))] == 1.8e9
+    assert merged[(name, (("side", "client"),))] == 1.5e9
+
+
 def test_a_replaced_worker_keeps_what_it_counted_so_sums_never_go_back():
     merger = ExpositionMerger()
     old = exposition(7, 1, 7, 0.5, 3, 0, 1.0)

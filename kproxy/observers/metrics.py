@@ -138,6 +138,8 @@ def bind_failure_label(error: OSError) -> str:
     return BIND_FAILURE_REASONS.get(error.errno, "other")
 
 
+TLS_RELOAD_OUTCOMES = ("success", "failure")
+
 # Why SNI routing refused a handshake: a name it does not serve, no name at all, or (a
 # sidecar) another node's name.
 SNI_REFUSAL_REASONS = ("unknown_name", "no_name", "other_node")
@@ -313,10 +315,22 @@ class Metrics:
             "closed before it was", ["reason"], registry=r)
         for reason in PROXY_HEADER_REFUSALS:
             self.proxy_header_refusals.labels(reason)
+        # TLS files reloaded while running (proxy/tls_reload.py), per side: "server" (what
+        # clients see), "client" (what brokers see). Series for a side appear with its first
+        # certificate, both outcomes at zero.
+        self.tls_reloads = Counter(
+            "kproxy_tls_reloads_total",
+            "Reloads of changed TLS files (or on SIGHUP), by side and outcome; a failure keeps "
+            "the certificate in use", ["side", "outcome"], registry=r)
+        self.tls_certificate_expiry = Gauge(
+            "kproxy_tls_certificate_expiry_timestamp_seconds",
+            "When the certificate kproxy presents expires (Unix time), by side; alert well ahead",
+            ["side"], registry=r)
         unbound = Gauge("kproxy_broker_listeners_unbound",
                         "Broker listeners kproxy cannot bind now (their nodes are withheld from clients)",
                         registry=r)
         unbound.set_function(unbound_listeners or (lambda: 0))
+        self._expiry_sides: set[str] = set()            # sides with an expiry series
         self._traffic = traffic or (lambda: {})
         r.register(_TrafficCollector(lambda: self._traffic()))
         self._capture = capture
@@ -856,6 +870,18 @@ class Metrics:
         self.proxy_header_refusals.labels(reason if reason in PROXY_HEADER_REFUSALS else "malformed").inc()
         self.connections_opened.labels(listener).inc()
         self.connections_closed.labels(listener, PROXY_PROTOCOL_CLOSE_REASON).inc()
+    def tls_certificate_loaded(self, side: str, not_after: float | None) -> None:
+        for outcome in TLS_RELOAD_OUTCOMES:
+            self.tls_reloads.labels(side, outcome)
+        if not_after is not None:
+            self.tls_certificate_expiry.labels(side).set(not_after)
+            self._expiry_sides.add(side)
+        elif side in self._expiry_sides:        # now a CA alone: nothing of kproxy's own expires
+            self.tls_certificate_expiry.remove(side)
+            self._expiry_sides.discard(side)
+
+    def tls_reloaded(self, side: str, outcome: str) -> None:
+        self.tls_reloads.labels(side, outcome).inc()
 
 
 
@@ -1127,7 +1153,8 @@ class _BatchCollector:
 # the supervisor's /metrics is their merge, by this one rule:
 # - counters, histograms (buckets, _sum, _count) and summaries: summed per label set;
 # - gauges: summed per label set (they count things: connections, requests in flight, lag),
-#   except ``MAX_MERGED_GAUGES``, which state a fact every worker sees alike: the highest wins;
+#   except ``MAX_MERGED_GAUGES``, which state a fact every worker sees alike: the highest wins,
+#   and ``MIN_MERGED_GAUGES`` (a certificate's expiry): the lowest wins;
 # - the process's own families (``PER_PROCESS_PREFIXES``: CPU, memory, file descriptors,
 #   the interpreter's GC) and any family of unknown type: one series per worker, labelled
 #   ``worker="<index>"``, never added up.
@@ -1140,19 +1167,26 @@ MAX_MERGED_GAUGES = frozenset({
     "kproxy_broker_listeners_unbound",      # every worker tries to bind the same ports
     "kproxy_group_members",                 # each worker sees a group's generation whole (or less)
 })
+# Gauges where the lowest value across workers is the fact to alert on: each worker reloads
+# its certificate itself, and the one that still serves the oldest expires first.
+MIN_MERGED_GAUGES = frozenset({
+    "kproxy_tls_certificate_expiry_timestamp_seconds",
+})
 PER_PROCESS_PREFIXES = ("process_", "python_")
 WORKER_LABEL = "worker"
 _SUMMED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
 
 def _merge_kind(family) -> str:
-    """'count' (summed, kept when a worker is replaced), 'sum', 'max' or 'per_worker' for
+    """'count' (summed, kept when a worker is replaced), 'sum', 'max', 'min' or 'per_worker' for
     one metric family (the rule above)."""
     if family.name.startswith(PER_PROCESS_PREFIXES):
         return "per_worker"
     if family.type in _SUMMED_TYPES:
         return "count"
     if family.type in ("gauge", "info", "stateset"):
+        if family.name in MIN_MERGED_GAUGES:
+            return "min"
         return "max" if family.name in MAX_MERGED_GAUGES or family.type != "gauge" else "sum"
     return "per_worker"
 
@@ -1221,6 +1255,8 @@ class ExpositionMerger:
                         series[key] = [labels, s.value]
                     elif kind == "max":
                         entry[1] = max(entry[1], s.value)
+                    elif kind == "min":
+                        entry[1] = min(entry[1], s.value)
                     else:
                         entry[1] += s.value
         for (name, sample, labels), value in self._retired.items():

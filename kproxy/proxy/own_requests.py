@@ -60,7 +60,7 @@ class OwnRequests:
     try, in the order to try them (the proxy's bootstrap rotation)."""
 
     def __init__(self, config: Config, candidates: Callable[[], list[HostPort]],
-                 client_ssl: ssl.SSLContext | None):
+                 client_ssl: Callable[[], ssl.SSLContext | None]):
         self.config = config
         self.candidates = candidates
         self.client_ssl = client_ssl
@@ -75,8 +75,9 @@ class OwnRequests:
         configured), and its decoded response."""
         c = self.config
         kwargs = {}
-        if self.client_ssl is not None:
-            kwargs = {"ssl": self.client_ssl,
+        context = self.client_ssl()               # the newest (TLS files are reloaded)
+        if context is not None:
+            kwargs = {"ssl": context,
                       "server_hostname": host if c.tls_client.check_hostname else None}
         reader, writer = await asyncio.open_connection(host, port, **kwargs)
         try:

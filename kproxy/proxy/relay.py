@@ -156,7 +156,8 @@ class RelayPolicy:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     stream_frame_bytes: int | None = STREAM_FRAME_BYTES   # None: keep every frame whole
     connect_timeout: float = 10.0
-    upstream_ssl: ssl.SSLContext | None = None
+    # The context for a new upstream connection (the newest, as TLS files are reloaded); None: plaintext.
+    upstream_ssl: Callable[[], ssl.SSLContext | None] | None = None
     upstream_check_hostname: bool = True
     unreachable_log: LogBudget = field(default_factory=lambda: unreachable_log_budget())
 
@@ -799,8 +800,9 @@ async def _connect(policy: RelayPolicy, arena: ReadArena) -> tuple[HostPort, End
     for host, port in policy.upstreams():
         try:
             kwargs = {}
-            if policy.upstream_ssl is not None:
-                kwargs = {"ssl": policy.upstream_ssl,
+            context = policy.upstream_ssl() if policy.upstream_ssl is not None else None
+            if context is not None:
+                kwargs = {"ssl": context,
                           "server_hostname": host if policy.upstream_check_hostname else None}
             _, endpoint = await asyncio.wait_for(
                 loop.create_connection(lambda: Endpoint(arena, "broker"), host, port, **kwargs),

@@ -33,7 +33,9 @@ address) it also refuses other nodes' names, which would otherwise reach the
 wrong broker.
 
 What kproxy asks the cluster itself (where the brokers are, for SNI; whether one
-answers, for ``/readyz``) lives in ``own_requests``.
+answers, for ``/readyz``) lives in ``own_requests``. TLS certificates, keys and CAs
+are reloaded when their files change or on SIGHUP (``tls_reload``): listeners keep
+one SSL context, whose handshake callback moves each new handshake to the newest.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPoli
 from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
                       rewrite_addresses, withhold_nodes)
 from .sni import BOOTSTRAP, certificate_covers
-from .tls import certificate_names, client_context, server_context
+from .tls import client_context, server_context
 
 log = logging.getLogger("kproxy.server")
 
@@ -165,21 +167,34 @@ class Proxy:
         self.sni_names = config.sni_names                  # None unless routing = "sni"
         self._sni_log = LogBudget(SNI_LOG_INTERVAL_S, SNI_LOG_NAMES_PER_INTERVAL)
         self._sni_policies: dict[object, RelayPolicy] = {}  # BOOTSTRAP / node id -> policy
-        self._certificate_names = certificate_names(config.tls_server.cert_file) \
-            if self.sni_names is not None else None
+        self._certificate_names: list[str] | None = None   # SNI routing: what the certificate covers
         self._names_checked: set[int] = set()       # node ids whose name was checked against it
         self.local_node: int | None = None          # sidecar: its broker's node id, once known
-        self._server_ssl = server_context(
-            config.tls_server, self._on_server_name if self.sni_names else None,
-            self._tls_handshake_failed) if config.tls_server else None
         self._tls_log = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL)
-        self._client_ssl = client_context(config.tls_client) if config.tls_client else None
+        # TLS contexts, rebuilt when their files change (tls_reload): listeners keep
+        # _server_ssl for good, and its SNI callback moves each handshake to the newest.
+        self._server_ssl: ssl.SSLContext | None = None
+        self.server_tls = self.client_tls = None
+        if config.tls_server is not None or config.tls_client is not None:
+            from .tls_reload import ReloadingContext     # cryptography: only with TLS (~16 MB)
+        if config.tls_server is not None:
+            self.server_tls = ReloadingContext("server", "tls_server", config.tls_server,
+                                               self._new_server_context, self.observers)
+            self._server_ssl = self.server_tls.current
+            if self.sni_names is not None:
+                self._certificate_names = self.server_tls.material.dns_names()
+                self.server_tls.on_change(self._certificate_changed)
+        if config.tls_client is not None:
+            self.client_tls = ReloadingContext("client", "tls_client", config.tls_client,
+                                               functools.partial(client_context, config.tls_client),
+                                               self.observers)
+        self._tls_watches: list[asyncio.Task] = []
         # PROXY protocol (off: None, and listeners accept straight into the relay).
         self._header_gate = HeaderGate(
             config.proxy_protocol_versions, config.proxy_protocol_trusted_cidrs, self.observers,
             lambda: self._server_ssl, self._connection_limit) if config.proxy_protocol_versions else None
         # Discovery (SNI) and readiness: requests of kproxy's own to the upstreams.
-        self.own_requests = OwnRequests(config, self._bootstrap_candidates, self._client_ssl)
+        self.own_requests = OwnRequests(config, self._bootstrap_candidates, self._upstream_ssl)
         self._reaper: asyncio.Task | None = None
         self._listen_port = config.listen[1]      # as bound, once started (0: OS-chosen)
         self._opening: set[str] = set()
@@ -230,10 +245,54 @@ class Proxy:
         known = self._certificate_names
         if known is None or certificate_covers(known, name):
             return
+        tls = self.config.tls_server
         log.warning("kproxy's certificate (%s) is not valid for %s, a name it advertises (the "
                     "certificate names %s): clients that verify host names will refuse it; use "
-                    "a wildcard *.%s or add the name to its SANs", self.config.tls_server.cert_file,
+                    "a wildcard *.%s or add the name to its SANs", tls.cert_file or tls.keystore_file,
                     name, ", ".join(known) or "nothing", name.split(".", 1)[1])
+
+    def _certificate_changed(self, material) -> None:
+        """SNI routing: a reloaded certificate is checked against the names advertised."""
+        self._certificate_names = material.dns_names()
+        self._check_certificate_covers(self.sni_names.bootstrap)
+        for node_id in self._names_checked:
+            self._check_certificate_covers(self.sni_names.name_of(node_id))
+
+    # ------------------------------------------------------------ TLS
+
+    def _new_server_context(self, material) -> ssl.SSLContext:
+        """The listeners' context the first time (every handshake starts in it, and its
+        callbacks watch them all); a plain one for each reload, which handshakes move to."""
+        if self._server_ssl is None:
+            return server_context(self.config.tls_server, material, self._client_hello,
+                                  self._tls_handshake_failed)
+        return server_context(self.config.tls_server, material)
+
+    def _client_hello(self, ssl_object, server_name: str | None, context) -> int | None:
+        """Every client handshake, before kproxy's certificate is chosen: SNI routing's
+        check, then the newest certificate (a reload) for this handshake."""
+        if self.sni_names is not None:
+            refusal = self._on_server_name(ssl_object, server_name, context)
+            if refusal is not None:
+                return refusal
+        newest = self.server_tls.current
+        if newest is not context:
+            ssl_object.context = newest
+        return None
+
+    def _upstream_ssl(self) -> ssl.SSLContext | None:
+        """The context a new upstream connection uses (the newest), None without TLS."""
+        return self.client_tls.current if self.client_tls is not None else None
+
+    def reload_tls(self, why: str = "SIGHUP") -> None:
+        """Reload every TLS side's files now (SIGHUP); failures keep the old ones."""
+        sides = [t for t in (self.server_tls, self.client_tls) if t is not None and t.files]
+        if not sides:
+            log.info("%s: no TLS files to reload", why)
+        loop = asyncio.get_running_loop()
+        self._tls_watches = [task for task in self._tls_watches if not task.done()]
+        for tls in sides:
+            self._tls_watches.append(loop.create_task(tls.reload(why)))
 
     def _serves(self, node_id: int) -> bool:
         """Whether kproxy serves a node an answer names: one it serves already, or a new one
@@ -431,7 +490,7 @@ class Proxy:
         return RelayPolicy(
             name=name, node_id=node_id, upstreams=upstreams, observers=self.observers,
             hold=self.hold, transform=self.transform, max_frame_size=c.max_frame_size,
-            connect_timeout=c.connect_timeout, upstream_ssl=self._client_ssl,
+            connect_timeout=c.connect_timeout, upstream_ssl=self._upstream_ssl if c.tls_client else None,
             upstream_check_hostname=c.tls_client.check_hostname if c.tls_client else True,
             unreachable_log=self._unreachable_log)
 
@@ -677,6 +736,8 @@ class Proxy:
         self._listen_port = sock.getsockname()[1]
         await self._serve("bootstrap", policy, sock)
         self._reaper = asyncio.get_running_loop().create_task(self._reap_idle())
+        self._tls_watches += [asyncio.get_running_loop().create_task(tls.watch())
+                              for tls in (self.server_tls, self.client_tls) if tls is not None and tls.files]
         self.started = True
         log.info("kproxy %s listening on %s:%d, upstream %s", c.mode, *self.bootstrap_address,
                  ",".join(f"{h}:{p}" for h, p in c.upstreams))
@@ -725,6 +786,8 @@ class Proxy:
             relay.close("shutting down")
         if self._reaper is not None:
             self._reaper.cancel()
+        for task in self._tls_watches:
+            task.cancel()
         tasks = [r.task for r in self.relays if r.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_GRACE_S)

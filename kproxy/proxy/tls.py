@@ -2,17 +2,22 @@
 
 Client side (kproxy terminates) and broker side (kproxy originates) are
 independent: either, both or neither may use TLS. Because kproxy terminates
-TLS, it sees plaintext and can decode and capture what the wire hides.
+TLS, it sees plaintext and can decode and capture what the wire hides. What the
+files hold is read by ``tls_files``; ``tls_reload`` rebuilds these contexts when
+the files change.
 """
 
 from __future__ import annotations
 
 import ssl
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..config import TLSClient, TLSServer
 from ..protocol.connection import TLS_HANDSHAKE_FAILURE_ALERT
 from ..protocol.tls_failures import handshake_failure
+
+if TYPE_CHECKING:            # tls_files loads cryptography (~16 MB): only where TLS is configured
+    from .tls_files import Material
 
 
 class _WatchedSSLObject(ssl.SSLObject):
@@ -65,16 +70,20 @@ class _WatchingContext(ssl.SSLContext):
         return obj
 
 
-def server_context(tls: TLSServer, sni_callback=None,
+def server_context(tls: TLSServer, material: Material | None = None, sni_callback=None,
                    on_handshake_failure: Callable[[str, ssl.SSLError], None] | None = None
                    ) -> ssl.SSLContext:
-    """For listeners: kproxy's certificate, and client-certificate checks if a CA is given.
+    """For listeners: kproxy's certificate, and client-certificate checks if a CA is given
+    (``material``: what the section's files hold, read now if not given).
 
-    ``sni_callback(ssl_object, server_name, context)`` (SNI routing) runs during each
-    handshake, before the certificate is sent; returning an ``ssl.ALERT_DESCRIPTION_*``
-    ends the handshake with that alert. ``on_handshake_failure(cause, error)`` hears of
-    every client handshake that fails.
+    ``sni_callback(ssl_object, server_name, context)`` runs during each handshake, before
+    the certificate is sent; it may set ``ssl_object.context`` to another context (a
+    reloaded certificate) or return an ``ssl.ALERT_DESCRIPTION_*`` to end the handshake
+    with that alert (SNI routing). ``on_handshake_failure(cause, error)`` hears of every
+    client handshake that fails.
     """
+    from .tls_files import load, load_identity
+    material = material or load("tls_server", tls)
     if on_handshake_failure is None:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     else:   # what create_default_context(CLIENT_AUTH) builds, as the watching class
@@ -83,9 +92,9 @@ def server_context(tls: TLSServer, sni_callback=None,
         ctx.on_handshake_failure = on_handshake_failure
     ctx.sni_callback = sni_callback
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(tls.cert_file, tls.key_file)
-    if tls.client_ca_file:
-        ctx.load_verify_locations(tls.client_ca_file)
+    load_identity(ctx, material)
+    if material.ca_pem is not None:
+        ctx.load_verify_locations(cadata=material.ca_pem)
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 
@@ -116,24 +125,12 @@ def _escape(value: str) -> str:
     return value
 
 
-def client_context(tls: TLSClient) -> ssl.SSLContext:
+def client_context(tls: TLSClient, material: Material | None = None) -> ssl.SSLContext:
     """For upstream connections: verify the broker (hostname too, unless switched off)."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=tls.ca_file)
+    from .tls_files import load, load_identity
+    material = material or load("tls_client", tls)
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=material.ca_pem)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.check_hostname = tls.check_hostname
-    if tls.cert_file:
-        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    load_identity(ctx, material)
     return ctx
-
-
-def certificate_names(cert_file: str) -> list[str] | None:
-    """The DNS names a PEM certificate is for (its SANs, else its common name); None if
-    they cannot be read (the check that uses them is then skipped, never fatal)."""
-    try:       # the ssl module reads certificates only through this helper (no public API)
-        decoded = ssl._ssl._test_decode_cert(cert_file)
-    except (AttributeError, OSError, ssl.SSLError, ValueError):
-        return None
-    sans = [value for kind, value in decoded.get("subjectAltName", ()) if kind == "DNS"]
-    if sans:
-        return sans
-    return [value for rdn in decoded.get("subject", ()) for key, value in rdn if key == "commonName"]

@@ -47,7 +47,8 @@ COMPOSE = DEPLOY / "compose.yaml"
 JOB = "kproxy"                     # the scrape job name the alerts select on
 ALERTS = {"KproxyHighP99Latency", "KproxyThrottling", "KproxyErrorBurst", "KproxyDecodeFailures",
           "KproxyUpstreamUnreachable", "KproxyDown", "KproxyDeprecatedRequests",
-          "KproxyMisconfiguredConnections", "KproxySniNameAtWrongSidecar", "KproxyWorkerRestarting"}
+          "KproxyMisconfiguredConnections", "KproxySniNameAtWrongSidecar", "KproxyWorkerRestarting",
+          "KproxyTLSCertificateExpiringSoon", "KproxyTLSReloadFailed"}
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 # Labels Prometheus attaches to every series of a target (job/instance) or that the
 # Kubernetes scrape config adds; not kproxy's, but fine in selectors and groupings.

@@ -7,9 +7,9 @@ name (an impostor that hostname verification must reject) and a client
 certificate (for mutual TLS). A second, unrelated CA is there to sign a client
 certificate that must *not* be accepted.
 
-The ``openssl`` CLI is used rather than the ``cryptography`` package, which is
-not a dependency of the project; tests that need certificates fail with a clear
-message where the command is missing.
+The ``openssl`` CLI makes them, as an operator would (kproxy reads them with the
+``cryptography`` package: the tests check it against an independent maker); tests that
+need certificates fail with a clear message where the command is missing.
 Keys are unencrypted PKCS#8 PEM, which both Python and Kafka's PEM keystore
 (KIP-651, ``ssl.keystore.type=PEM``) read.
 """
@@ -36,6 +36,7 @@ class Identity:
 @dataclass(frozen=True)
 class PKI:
     ca: Path                  # the trusted CA certificate
+    ca_key: Path              # its key: tests issue more certificates (a rotation's)
     other_ca: Path            # an unrelated CA: trusting it instead must fail verification
     server: Identity          # SAN IP:127.0.0.1, DNS:localhost
     impostor: Identity        # signed by the CA, but for other.example only
@@ -95,6 +96,7 @@ def make_pki(directory: Path) -> PKI:
     other_ca = _ca(directory, "other-ca")
     return PKI(
         ca=ca[0],
+        ca_key=ca[1],
         other_ca=other_ca[0],
         server=_issue(directory, "server", ca, SERVER_EXT.format(san="IP:127.0.0.1,DNS:localhost")),
         impostor=_issue(directory, "impostor", ca, SERVER_EXT.format(san="DNS:other.example")),
@@ -102,3 +104,22 @@ def make_pki(directory: Path) -> PKI:
         stranger=_issue(directory, "stranger", other_ca, CLIENT_EXT),
         sni=_issue(directory, "sni", ca, SERVER_EXT.format(san=f"DNS:*.{SNI_DOMAIN}")),
     )
+
+
+def issue_server(directory: Path, name: str, pki: PKI, san: str = "IP:127.0.0.1,DNS:localhost") -> Identity:
+    """Another server certificate from the test CA (a new serial): what a rotation brings."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return _issue(directory, name, (pki.ca, pki.ca_key), SERVER_EXT.format(san=san))
+
+
+def pkcs12_keystore(identity: Identity, path: Path, password_file: Path) -> Path:
+    """``identity`` as a PKCS#12 keystore (what cert-manager's keystores.pkcs12 writes)."""
+    _run("pkcs12", "-export", "-inkey", identity.key, "-in", identity.cert, "-out", path,
+         "-passout", f"file:{password_file}")
+    return path
+
+
+def encrypted_key(identity: Identity, path: Path, password_file: Path) -> Path:
+    """``identity``'s key as encrypted PKCS#8 PEM (-----BEGIN ENCRYPTED PRIVATE KEY-----)."""
+    _run("pkey", "-in", identity.key, "-out", path, "-aes256", "-passout", f"file:{password_file}")
+    return path

@@ -425,7 +425,10 @@ class Traffic:
 
 
 class ConfluentTraffic(Traffic):
-    """``Traffic`` with confluent-kafka (librdkafka) clients."""
+    """``Traffic`` with confluent-kafka (librdkafka) clients; ``settings``: more of theirs
+    (TLS, say), for both."""
+
+    settings: dict = {}
 
     def _on_delivery(self, err, msg):
         if err is None:
@@ -436,7 +439,7 @@ class ConfluentTraffic(Traffic):
     def _produce(self):
         from confluent_kafka import Producer
         producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
-                             "enable.idempotence": True, "linger.ms": 5})
+                             "enable.idempotence": True, "linger.ms": 5, **self.settings})
         while self.producing():
             number = self.next_number()
             producer.produce(self.topic, key=str(number), value=str(number), on_delivery=self._on_delivery)
@@ -446,7 +449,7 @@ class ConfluentTraffic(Traffic):
     def _consume(self):
         from confluent_kafka import Consumer
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"g-{self.topic}",
-                             "auto.offset.reset": "earliest", **GROUP_TIMEOUTS})
+                             "auto.offset.reset": "earliest", **GROUP_TIMEOUTS, **self.settings})
         consumer.subscribe([self.topic])
         try:
             while self.consuming():

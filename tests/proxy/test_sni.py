@@ -121,21 +121,18 @@ def _escape(text: str) -> str:
 
 # ---------------------------------------------------------------- config
 
-def _sni_settings(tmp_path, **overrides) -> dict:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert.touch()
-    key.touch()
+def _sni_settings(pki, **overrides) -> dict:
     settings = {"upstream": "kafka:9092", "routing": "sni", "sni_host_template": TEMPLATE,
                 "sni_bootstrap_host": BOOTSTRAP_NAME,
-                "tls_server": {"cert_file": str(cert), "key_file": str(key)}}
+                "tls_server": {"cert_file": str(pki.sni.cert), "key_file": str(pki.sni.key)}}
     settings.update(overrides)
     return {k: v for k, v in settings.items() if v is not None}
 
 
-def test_config_accepts_sni_in_both_modes(tmp_path):
-    gateway = config_module.build(_sni_settings(tmp_path))
+def test_config_accepts_sni_in_both_modes(pki):
+    gateway = config_module.build(_sni_settings(pki))
     assert gateway.sni_names.route(f"broker-2.{SNI_DOMAIN}") == 2
-    sidecar = config_module.build(_sni_settings(tmp_path, mode="sidecar", listen="10.0.0.1:9093"))
+    sidecar = config_module.build(_sni_settings(pki, mode="sidecar", listen="10.0.0.1:9093"))
     assert sidecar.sni_names.bootstrap == BOOTSTRAP_NAME
     assert config_module.build({"upstream": "kafka:9092"}).sni_names is None      # default: ports
 
@@ -155,13 +152,13 @@ def test_config_accepts_sni_in_both_modes(tmp_path):
     ({"mode": "sidecar", "listen": "127.0.0.1:0"}, "listen: a sidecar with routing = 'sni'"),
     ({"routing": "ports"}, "sni_host_template: only used with routing = 'sni'"),
 ])
-def test_config_errors_name_the_key(tmp_path, overrides, message):
+def test_config_errors_name_the_key(pki, overrides, message):
     with pytest.raises(config_module.ConfigError, match=message.replace("{", r"\{").replace("(", r"\(")):
-        config_module.build(_sni_settings(tmp_path, **overrides))
+        config_module.build(_sni_settings(pki, **overrides))
 
 
-def test_cli_flags_and_env_reach_the_config(tmp_path):
-    settings = _sni_settings(tmp_path)
+def test_cli_flags_and_env_reach_the_config(pki):
+    settings = _sni_settings(pki)
     env = config_module.from_env({"KPROXY_ROUTING": "sni", "KPROXY_SNI_HOST_TEMPLATE": TEMPLATE,
                                   "KPROXY_SNI_BOOTSTRAP_HOST": BOOTSTRAP_NAME})
     config = config_module.build({"upstream": "kafka:9092", "tls_server": settings["tls_server"]}, env)
