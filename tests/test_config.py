@@ -57,7 +57,7 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
     result = subprocess.run([sys.executable, "-m", "kproxy", "run", "--config", str(bad)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["kproxy: config error: idle_timeout: must not be negative, got -3.0"]
+    assert result.stderr.strip().splitlines() == ["kproxy run: error: idle_timeout: must not be negative, got -3.0"]
 
 
 def test_instance_name_defaults_to_the_host_name_and_reaches_capture():
