@@ -253,7 +253,7 @@ RUN_FLAGS = {   # flag -> (config key, help)
 DEFAULT_TEXT = {
     "upstream": "none, required",
     "probe_listen": "off",
-    "advertised_host": "the listen host; required when listen is 0.0.0.0 or ::",
+    "advertised_host": "the listen host, so required when that is 0.0.0.0 or ::",
     "broker_port_base": "listen port + 1",
     "broker_port_map": "none",
     "instance_name": "the host name",
@@ -387,13 +387,17 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="kproxy", description="A transparent, protocol-decoding Kafka proxy.",
                                   epilog="`kproxy COMMAND --help` describes each command.")
     top.add_argument("--version", action="version", version=f"kproxy {__version__}")
-    top.set_defaults(func=_help(top))
+    # command_parser: each command's parser notes itself on what it parses (the innermost
+    # wins), so that an error found after parsing is that command's ("kproxy run: error:").
+    top.set_defaults(func=_help(top), command_parser=top)
     sub = top.add_subparsers(dest="command", title="commands", metavar="COMMAND")
-    _add_run_parser(sub).set_defaults(func=_run)
+    run = _add_run_parser(sub)
+    run.set_defaults(func=_run, command_parser=run)
     capture = capture_cli.add_arguments(sub)
-    capture.set_defaults(func=_help(capture))     # `kproxy capture`: its own help
+    capture.set_defaults(func=_help(capture), command_parser=capture)     # `kproxy capture`: its help
     analyze_cli.add_arguments(sub)
-    _add_demo_parser(sub).set_defaults(func=_demo_main)
+    demo = _add_demo_parser(sub)
+    demo.set_defaults(func=_demo_main, command_parser=demo)
     return top
 
 
@@ -425,7 +429,11 @@ def _demo_main(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    # argparse leaves arguments no command knows to the top parser, which would report them
+    # as "kproxy: error:"; the command they were given to reports them instead.
+    args, unknown = parser().parse_known_args(argv)
+    if unknown:
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
     # matplotlib (the analysis report) logs building its font cache, once, at INFO.

@@ -86,6 +86,11 @@ def parse_host_port(text: str, key: str) -> HostPort:
     return host, number
 
 
+def show_address(host: str, port: int) -> str:
+    """HOST:PORT as a user writes it: an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 @dataclass(frozen=True)
 class TLSServer:
     """TLS that kproxy terminates for clients."""
@@ -357,8 +362,16 @@ def unknown_env(environ: Mapping[str, str]) -> list[str]:
     """One warning per ``KPROXY_*`` variable that is no setting (and none kproxy reads
     otherwise), with the setting it may have meant: a typo would otherwise be ignored."""
     known = {ENV_PREFIX + key.upper() for key in _KNOWN} | OTHER_ENV_VARS
-    return [f"{name} is not a kproxy setting and is ignored{did_you_mean(name, known)}"
-            for name in sorted(environ) if name.startswith(ENV_PREFIX) and name not in known]
+    # Compared without the prefix, which every name shares and would make any two look alike.
+    suffixes = {name[len(ENV_PREFIX):] for name in known}
+    warnings = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            close = difflib.get_close_matches(name[len(ENV_PREFIX):], sorted(suffixes), n=1,
+                                              cutoff=SUGGESTION_CUTOFF)
+            warnings.append(f"{name} is not a kproxy setting and is ignored"
+                            + (f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""))
+    return warnings
 
 
 def build(*layers: Mapping[str, Any]) -> Config:
@@ -474,8 +487,8 @@ def _validate_distinct_ports(c: Config) -> None:
     for i, (key, (host, port)) in enumerate(binds):
         for other, (other_host, other_port) in binds[:i]:
             if port != 0 and port == other_port and _binds_overlap(host, other_host):
-                raise ConfigError(f"{key}: {host}:{port} overlaps {other} ({other_host}:{other_port}); "
-                                  f"each listener needs a port of its own")
+                raise ConfigError(f"{key}: {show_address(host, port)} overlaps {other} "
+                                  f"({show_address(other_host, other_port)}); each listener needs a port of its own")
 
 
 def _validate_workers(c: Config) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import Config, HostPort
+from .config import Config, HostPort, show_address
 
 ADMIN_PATHS = "/metrics, /live/, /healthz, /readyz, /capture"
 PROBE_PATHS = "/healthz, /readyz"
@@ -28,8 +28,7 @@ class Bound:
 
 
 def _addr(address: HostPort) -> str:
-    host, port = address
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return show_address(*address[:2])
 
 
 def _url(address: HostPort) -> str:
@@ -101,7 +100,7 @@ def lines(c: Config, bound: Bound) -> list[str]:
            + ",".join(_addr(u) for u in c.upstreams)
            + (f", {bound.workers} worker processes" if bound.workers > 1 else "")]
     told = c.sni_names.bootstrap if c.routing == "sni" else c.public_host
-    out.append(f"  kafka bootstrap  {_addr(bound.bootstrap)} (clients told {told}:{bound.bootstrap[1]})")
+    out.append(f"  kafka bootstrap  {_addr(bound.bootstrap)} (clients told {show_address(told, bound.bootstrap[1])})")
     out.append(f"  kafka brokers    {_brokers(c, bound)}")
     if bound.admin is None:
         out.append("  admin            off (admin_listen)")

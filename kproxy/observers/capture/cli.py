@@ -342,13 +342,13 @@ def add_arguments(subparsers) -> argparse.ArgumentParser:
     show_p.add_argument("--limit", type=int, help="stop after this many lines")
     show_p.add_argument("--verbose", "-v", action="store_true", help="print decoded bodies (JSONL)")
     show_p.add_argument("--format", choices=("jsonl", "parquet"), help="which files of a directory")
-    show_p.set_defaults(func=_run_show)
+    show_p.set_defaults(func=_run_show, command_parser=show_p)
     stats_p = sub.add_parser("stats", help="pairs, latency p50/p99, bytes and errors per API; "
                                              "client software inventory")
     stats_p.add_argument("path", help="a capture file or a capture directory")
     stats_p.add_argument("--top", type=int, default=10, help="how many clients / topics / software to list")
     stats_p.add_argument("--format", choices=("jsonl", "parquet"), help="which files of a directory")
-    stats_p.set_defaults(func=_run_stats)
+    stats_p.set_defaults(func=_run_stats, command_parser=stats_p)
     return capture
 
 
