@@ -224,11 +224,10 @@ def _analyze_demo(capture_dir: str, out: str) -> int:
 
 
 RUN_FLAGS = {   # flag -> (config key, help)
-    "--upstream": ("upstream", "HOST:PORT[,HOST:PORT...] of the upstream broker(s)"),
-    "--listen": ("listen", "HOST:PORT for the bootstrap (gateway) or only (sidecar) listener"),
-    "--admin-listen": ("admin_listen", "HOST:PORT for /metrics, /healthz, /readyz, capture ('off' to disable)"),
-    "--probe-listen": ("probe_listen", "HOST:PORT for /healthz, /readyz alone, answered by a "
-                                       "process of their own ('off' to disable)"),
+    "--upstream": ("upstream", "the upstream broker(s), any of the cluster's"),
+    "--listen": ("listen", "the bootstrap (gateway) or only (sidecar) listener"),
+    "--admin-listen": ("admin_listen", "/metrics, /healthz, /readyz, the live page, capture control"),
+    "--probe-listen": ("probe_listen", "/healthz and /readyz alone, answered by a process of their own"),
     "--mode": ("mode", "gateway: in front of a whole cluster; sidecar: beside one broker"),
     "--advertised-host": ("advertised_host", "host clients use to reach kproxy (gateway)"),
     "--advertised-host-template": ("advertised_host_template", "sidecar: e.g. 'kafka-{node_id}.svc'"),
@@ -289,9 +288,11 @@ def _default(key: str) -> str:
     from . import config as config_module
     if key in DEFAULT_TEXT:
         return DEFAULT_TEXT[key]
-    value = {f.name: f.default for f in dataclasses.fields(config_module.Config)}[key]
+    value = {f.name: f.default for f in dataclasses.fields(config_module.Config)}.get(key, dataclasses.MISSING)
+    if value is dataclasses.MISSING:                  # computed, or a flag for part of a table
+        return "none"
     if isinstance(value, tuple):                      # HostPort
-        return f"{value[0]}:{value[1]}"
+        return config_module.show_address(*value)
     return "off" if value is None else str(value)
 
 
