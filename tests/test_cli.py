@@ -173,10 +173,12 @@ def _not_captures(tmp_path: Path) -> dict[str, Path]:
     (tmp_path / "array.jsonl").write_text("[1, 2, 3]\n")
     (tmp_path / "fake.parquet").write_bytes(b"PAR1 not really")
     (tmp_path / "binary.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+    (tmp_path / "c.pcapng").write_bytes(b"\x0a\x0d\x0d\x0a")
     return {"a plain text file": tmp_path / "notes.txt", "an empty directory": tmp_path / "empty",
             "arbitrary JSON": tmp_path / "object.json", "a JSON array": tmp_path / "array.jsonl",
             "a file that is no Parquet": tmp_path / "fake.parquet",
-            "a broken gzip file": tmp_path / "binary.jsonl.gz", "a missing path": tmp_path / "missing"}
+            "a broken gzip file": tmp_path / "binary.jsonl.gz", "a pcapng file": tmp_path / "c.pcapng",
+            "a missing path": tmp_path / "missing"}
 
 
 @pytest.mark.parametrize("tool", ["show", "stats"])

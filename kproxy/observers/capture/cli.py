@@ -46,6 +46,9 @@ VERSION_COLUMN = "capture_version"
 def capture_files(path: str, fmt: str | None = None) -> list[str]:
     """The files ``path`` names: itself, or a directory's capture files of one format."""
     if os.path.isfile(path):
+        if path.endswith(".pcapng"):
+            raise NotACapture(f"{path}: pcapng is for Wireshark or tshark; show and stats read the "
+                              f"capture's JSONL or Parquet files")
         return [path]
     if not os.path.isdir(path):
         raise NotACapture(f"no such capture file or directory: {path}")
