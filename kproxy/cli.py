@@ -176,7 +176,7 @@ async def _demo(args) -> int:
                             capture_autostart=True)
         config = config_module.build(settings)
         printer = DemoPrinter()
-        runtime = Runtime(config, observers=[printer])
+        runtime = Runtime(config, observers=[printer], announce=False)   # the demo says it below
         await runtime.start()
         node = cluster.nodes[0]
         host, port = runtime.proxy.bootstrap_address

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
-import os
 import json
 import logging
+import os
 import signal
 import time
 from typing import Iterable
@@ -25,7 +25,7 @@ from typing import Iterable
 from prometheus_client import generate_latest
 
 from . import startup_log
-from .config import Config
+from .config import Config, show_address
 from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.live import LiveView
@@ -66,7 +66,7 @@ async def start_admin(server, address: tuple[str, int]) -> None:
         why = os.strerror(exc.errno).lower() if (exc.errno or 0) > 0 else (exc.strerror or str(exc))
         if exc.errno == errno.EADDRNOTAVAIL:
             why += " (not an address of this host)"
-        raise OSError(f"admin_listen {host}:{port}: {why}") from None
+        raise OSError(f"admin_listen {show_address(host, port)}: {why}") from None
 
 
 class Runtime:
