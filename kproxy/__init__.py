@@ -16,7 +16,8 @@ Layers, each knowing only the ones below it:
   answered by a process of their own from a board each event loop posts to),
   ``kproxy.workers`` (``kproxy run --workers N``: a supervisor and N worker
   processes sharing the ports; its admin listener, ``proxy.worker_admin``,
-  merges theirs), ``kproxy.cli`` (``kproxy run|demo|capture``),
+  merges theirs), ``kproxy.cli`` (``kproxy run|capture|analyze|demo``;
+  ``kproxy.startup_log``: the lines naming every listener once kproxy serves),
   ``kproxy.embedded`` (real brokers on loopback for the demo and tests).
 """
 

@@ -1,13 +1,20 @@
-"""Command line: ``kproxy demo`` (and, with the proxy issue, ``kproxy run``)."""
+"""Command line: ``kproxy run|capture|analyze|demo``.
+
+Every command reports an error as one line, ``kproxy <command>: error: ...``, and
+exits 2 for a usage, config or input error, 1 for a failure while running.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
+import os
 import secrets
 import signal
 import sys
+import textwrap
 import threading
 import time
 from collections import Counter
@@ -15,6 +22,11 @@ from collections import Counter
 from .protocol import error_name
 from .protocol.connection import ResponseReceived
 from .protocol.walk import error_codes
+
+# Exit statuses of every command: a usage, config or input error (argparse's own choice
+# for usage errors), or a failure while running.
+USAGE_ERROR = 2
+RUNTIME_ERROR = 1
 
 DEMO_TOPIC = "kproxy-demo"
 DEMO_BATCH = 20               # messages produced (and consumed) per traffic round
@@ -164,7 +176,7 @@ async def _demo(args) -> int:
                             capture_autostart=True)
         config = config_module.build(settings)
         printer = DemoPrinter()
-        runtime = Runtime(config, observers=[printer])
+        runtime = Runtime(config, observers=[printer], announce=False)   # the demo says it below
         await runtime.start()
         node = cluster.nodes[0]
         host, port = runtime.proxy.bootstrap_address
@@ -212,19 +224,18 @@ def _analyze_demo(capture_dir: str, out: str) -> int:
 
 
 RUN_FLAGS = {   # flag -> (config key, help)
-    "--upstream": ("upstream", "HOST:PORT[,HOST:PORT...] of the upstream broker(s)"),
-    "--listen": ("listen", "HOST:PORT for the bootstrap (gateway) or only (sidecar) listener"),
-    "--admin-listen": ("admin_listen", "HOST:PORT for /metrics, /healthz, /readyz, capture ('off' to disable)"),
-    "--probe-listen": ("probe_listen", "HOST:PORT for /healthz, /readyz alone, answered by a "
-                                       "process of their own (default: off)"),
-    "--mode": ("mode", "gateway or sidecar"),
+    "--upstream": ("upstream", "the upstream broker(s), any of the cluster's"),
+    "--listen": ("listen", "the bootstrap (gateway) or only (sidecar) listener"),
+    "--admin-listen": ("admin_listen", "/metrics, /healthz, /readyz, the live page, capture control"),
+    "--probe-listen": ("probe_listen", "/healthz and /readyz alone, answered by a process of their own"),
+    "--mode": ("mode", "gateway: in front of a whole cluster; sidecar: beside one broker"),
     "--advertised-host": ("advertised_host", "host clients use to reach kproxy (gateway)"),
     "--advertised-host-template": ("advertised_host_template", "sidecar: e.g. 'kafka-{node_id}.svc'"),
     "--routing": ("routing", "ports (a port per broker) or sni (one TLS port, a name per broker)"),
     "--sni-host-template": ("sni_host_template", "sni: e.g. 'broker-{node_id}.kafka.example.com'"),
     "--sni-bootstrap-host": ("sni_bootstrap_host", "sni: e.g. 'bootstrap.kafka.example.com'"),
-    "--broker-port-rule": ("broker_port_rule", "offset, sequential, map or fixed"),
-    "--broker-port-base": ("broker_port_base", "first broker port (default: listen port + 1)"),
+    "--broker-port-rule": ("broker_port_rule", "how broker ports are chosen (gateway) or advertised (sidecar)"),
+    "--broker-port-base": ("broker_port_base", "first broker port (0: the OS picks)"),
     "--broker-port-map": ("broker_port_map", "NODE=PORT,... for the map rule"),
     "--max-frame-size": ("max_frame_size", "largest frame accepted, bytes"),
     "--max-connections": ("max_connections", "client connections at once"),
@@ -232,14 +243,13 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--idle-timeout": ("idle_timeout", "seconds before an idle connection is closed"),
     "--connect-timeout": ("connect_timeout", "seconds to reach a broker before giving up"),
     "--shutdown-timeout": ("shutdown_timeout", "seconds in-flight requests get on SIGTERM"),
-    "--log-level": ("log_level", "DEBUG, INFO, WARNING or ERROR"),
-    "--instance-name": ("instance_name", "this kproxy's name in capture rows (default: host name)"),
-    "--workers": ("workers", "worker processes sharing the listener ports (default 1: one process)"),
-    "--proxy-protocol": ("proxy_protocol", "off, v1, v2 or any: the Kafka listeners take connections "
-                                           "only with a PROXY protocol header (behind a load balancer)"),
+    "--log-level": ("log_level", "how much kproxy logs"),
+    "--instance-name": ("instance_name", "this kproxy's name in capture rows"),
+    "--workers": ("workers", "worker processes sharing the listener ports (1: one process)"),
+    "--proxy-protocol": ("proxy_protocol", "the Kafka listeners take connections only with a PROXY "
+                                           "protocol header of this version (behind a load balancer)"),
     "--proxy-protocol-trusted-cidrs": ("proxy_protocol_trusted_cidrs",
-                                       "CIDR,...: the peers that may send a PROXY header "
-                                       "(default 127.0.0.0/8,::1/128; others are refused)"),
+                                       "the networks whose peers may send a PROXY header; others are refused"),
     # TLS: files, re-read when they change and on SIGHUP (flag/env beat the config file's tables)
     "--tls-server-cert-file": ("tls_server_cert_file", "TLS to clients: kproxy's certificate chain (PEM)"),
     "--tls-server-key-file": ("tls_server_key_file", "TLS to clients: its private key (PEM)"),
@@ -270,6 +280,95 @@ RUN_SWITCHES = {
                                        "TLS to brokers: do not check the broker's name in its certificate"),
 }
 
+# Defaults that are not a plain value of Config's (computed, or absent), as --help says them.
+DEFAULT_TEXT = {
+    "upstream": "none, required",
+    "probe_listen": "off",
+    "advertised_host": "the listen host, so required when that is 0.0.0.0 or ::",
+    "broker_port_base": "listen port + 1",
+    "broker_port_map": "none",
+    "instance_name": "the host name",
+    "sni_host_template": "none", "sni_bootstrap_host": "none",
+}
+RUN_DESCRIPTION = """\
+Run kproxy in front of Kafka brokers. Clients connect to kproxy, which forwards every
+byte, gives clients its own addresses for the brokers, and decodes the traffic for
+metrics, capture and the live page.
+
+Settings come from, lowest first: defaults, the config file (--config), KPROXY_*
+environment variables, these flags."""
+SETTINGS_REFERENCE = 'README.md, "Settings reference"'
+
+
+# How --help names each flag's value (argparse's default is the flag's name in capitals).
+METAVARS = {"upstream": "HOST:PORT[,...]", "listen": "HOST:PORT", "admin_listen": "HOST:PORT|off",
+            "probe_listen": "HOST:PORT|off", "advertised_host": "HOST", "advertised_host_template": "TEMPLATE",
+            "sni_host_template": "TEMPLATE", "sni_bootstrap_host": "HOST", "broker_port_base": "PORT",
+            "broker_port_map": "NODE=PORT[,...]", "max_frame_size": "BYTES", "max_connections": "N",
+            "max_brokers": "N", "idle_timeout": "SECONDS", "connect_timeout": "SECONDS",
+            "shutdown_timeout": "SECONDS", "instance_name": "NAME", "workers": "N",
+            "proxy_protocol_trusted_cidrs": "CIDR[,...]"}
+
+
+def _choices(key: str) -> tuple[str, ...] | None:
+    from . import config as config_module
+    return {"mode": config_module.MODES, "routing": config_module.ROUTINGS,
+            "broker_port_rule": config_module.PORT_RULES, "log_level": config_module.LOG_LEVELS,
+            "proxy_protocol": tuple(config_module.PROXY_PROTOCOLS)}.get(key)
+
+
+def _default(key: str) -> str:
+    """A setting's default as a user writes it, from Config's own field defaults."""
+    from . import config as config_module
+    if key in DEFAULT_TEXT:
+        return DEFAULT_TEXT[key]
+    value = {f.name: f.default for f in dataclasses.fields(config_module.Config)}.get(key, dataclasses.MISSING)
+    if value is dataclasses.MISSING:                  # computed, or a flag for part of a table
+        return "none"
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):    # HostPort
+        return config_module.show_address(*value)
+    if isinstance(value, tuple):                      # a list setting, e.g. networks
+        return ",".join(map(str, value))
+    return "off" if value is None else str(value)
+
+
+def _run_epilog() -> str:
+    from . import config as config_module
+    flagged = ({key for key, _ in RUN_FLAGS.values()} | {key for key, _, _ in RUN_SWITCHES.values()}
+               | {"upstreams", "cap_api_versions"})
+    rest = sorted(config_module.setting_names() - flagged)
+    return (textwrap.fill("Settings with no flag, set in the config file or as KPROXY_<NAME> "
+                          "environment variables (admin_token: the environment only; tables such "
+                          "as tls_server: the config file): " + ", ".join(rest) + ".", 88)
+            + "\n\n" + textwrap.fill(f"Every setting, TLS and capture included, is described in "
+                                      f"{SETTINGS_REFERENCE}.", 88))
+
+
+def _add_run_parser(sub) -> argparse.ArgumentParser:
+    from .config import ENV_PREFIX
+    run = sub.add_parser("run", help="run the proxy", description=RUN_DESCRIPTION, epilog=_run_epilog(),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--config", metavar="FILE", help="TOML (.toml) or YAML (.yaml, .yml) config file")
+    for flag, (key, help_text) in RUN_FLAGS.items():
+        choices = _choices(key)
+        metavar = "FILE" if key.endswith("_file") else METAVARS.get(key)
+        run.add_argument(flag, dest=key, metavar="{%s}" % ",".join(choices) if choices else metavar,
+                         help=f"{help_text} (default: {_default(key)}; env {ENV_PREFIX}{key.upper()})"
+                         .replace("%", "%%"))
+    for flag, (key, value, help_text) in RUN_SWITCHES.items():
+        run.add_argument(flag, dest=key, action="store_true",
+                         help=f"{help_text} (env {ENV_PREFIX}{key.upper()}={str(value).lower()})")
+    run.add_argument("--no-cap-api-versions", action="store_true",
+                     help="pass ApiVersions through uncapped (clients may pick versions kproxy cannot "
+                          f"rewrite; env {ENV_PREFIX}CAP_API_VERSIONS=false)")
+    return run
+
+
+def fail(command: str, message: str, status: int) -> int:
+    """Every command's error line: ``kproxy <command>: error: ...``; the exit status back."""
+    print(f"kproxy {command}: error: {message}", file=sys.stderr)
+    return status
+
 
 def _run(args) -> int:
     from . import config as config_module
@@ -285,9 +384,10 @@ def _run(args) -> int:
     try:
         config = config_module.load(args.config, overrides=overrides)
     except config_module.ConfigError as exc:
-        print(f"kproxy: config error: {exc}", file=sys.stderr)
-        return 2
+        return fail("run", str(exc), USAGE_ERROR)
     logging.getLogger().setLevel(config.log_level.upper())
+    for warning in config_module.unknown_env(os.environ):
+        logging.getLogger("kproxy.config").warning(warning)
     if config.workers > 1:
         from . import workers
         return workers.run(config)
@@ -297,27 +397,15 @@ def _run(args) -> int:
         import uvloop
         uvloop.run(runtime.run_until_signalled())
     except OSError as exc:
-        print(f"kproxy: cannot start: {exc}", file=sys.stderr)
-        return 1
+        return fail("run", f"cannot start: {exc}", RUNTIME_ERROR)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kproxy", description="A protocol-decoding Kafka proxy")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the proxy")
-    run.add_argument("--config", help="TOML or YAML config file")
-    for flag, (key, help_text) in RUN_FLAGS.items():
-        run.add_argument(flag, dest=key, help=help_text)
-    from .observers.capture import cli as capture_cli
-    capture_cli.add_arguments(sub)
-    from .pipeline import cli as analyze_cli      # argparse only: Spark loads when analyze runs
-    analyze_cli.add_arguments(sub)
-    for flag, (key, _, help_text) in RUN_SWITCHES.items():
-        run.add_argument(flag, dest=key, action="store_true", help=help_text)
-    run.add_argument("--no-cap-api-versions", action="store_true",
-                     help="pass ApiVersions through uncapped (clients may pick versions kproxy cannot rewrite)")
-    demo = sub.add_parser("demo", help="start a local broker, run traffic through kproxy, print it decoded")
+def _add_demo_parser(sub) -> argparse.ArgumentParser:
+    demo = sub.add_parser("demo", help="start a local broker, run traffic through kproxy, print it decoded",
+                          description="Start a local Apache Kafka broker (needs Java), put kproxy in "
+                                      "front of it, run a producer and a consumer through it and print "
+                                      "each request/response pair decoded. Ctrl-C stops it all.")
     demo.add_argument("--port", type=int, default=0, help="listen port (default: one the OS picks)")
     demo.add_argument("--admin-port", type=int, default=0,
                       help="admin listen port (default: one the OS picks)")
@@ -326,44 +414,79 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--duration", type=float, default=0, help="stop after this many seconds")
     demo.add_argument("--analyze", action="store_true",
                       help="capture the run (Parquet) and analyse it with Spark when the demo stops")
-    args = parser.parse_args(argv)
+    return demo
+
+
+def _help(parser: argparse.ArgumentParser):
+    """A command group run without its command: its help, as a usage error."""
+    def show(_args) -> int:
+        parser.print_help(sys.stderr)
+        return USAGE_ERROR
+    return show
+
+
+def parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .observers.capture import cli as capture_cli
+    from .pipeline import cli as analyze_cli      # argparse only: Spark loads when analyze runs
+    top = argparse.ArgumentParser(prog="kproxy", description="A transparent, protocol-decoding Kafka proxy.",
+                                  epilog="`kproxy COMMAND --help` describes each command.")
+    top.add_argument("--version", action="version", version=f"kproxy {__version__}")
+    # command_parser: each command's parser notes itself on what it parses (the innermost
+    # wins), so that an error found after parsing is that command's ("kproxy run: error:").
+    top.set_defaults(func=_help(top), command_parser=top)
+    sub = top.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    run = _add_run_parser(sub)
+    run.set_defaults(func=_run, command_parser=run)
+    capture = capture_cli.add_arguments(sub)
+    capture.set_defaults(func=_help(capture), command_parser=capture)     # `kproxy capture`: its help
+    analyze_cli.add_arguments(sub)
+    demo = _add_demo_parser(sub)
+    demo.set_defaults(func=_demo_main, command_parser=demo)
+    return top
+
+
+def _demo_main(args) -> int:
+    # The demo's clients report problems in its own lines; kafka-python's log lines
+    # (an ERROR while a topic is still being created, say) would only alarm a newcomer.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL + 1)
+    # kproxy's INFO line per connection opened and closed would interleave with the
+    # pair lines; the demo counts connections instead (DemoPrinter.summary). Its
+    # warnings and errors still show.
+    logging.getLogger("kproxy.relay").setLevel(logging.WARNING)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    args.capture_dir = f"{DEMO_CAPTURE_ROOT}/demo-{stamp}"
+    # SIGTERM stops the demo as Ctrl-C does (clients, kproxy, then the broker), rather
+    # than killing Python and leaving the broker's JVM running: while the event loop
+    # runs, _demo cancels itself on it; before and after (the analysis), it interrupts.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        import uvloop
+        status = uvloop.run(_demo(args))
+        signal.signal(signal.SIGTERM, signal.default_int_handler)   # the loop reset it
+        if args.analyze and status == 0:
+            return _analyze_demo(args.capture_dir, f"/tmp/kproxy-analysis/demo-{stamp}")
+        return status
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:            # e.g. --port is taken
+        return fail("demo", f"cannot start the demo: {exc}", RUNTIME_ERROR)
+
+
+def main(argv: list[str] | None = None) -> int:
+    # argparse leaves arguments no command knows to the top parser, which would report them
+    # as "kproxy: error:"; the command they were given to reports them instead.
+    args, unknown = parser().parse_known_args(argv)
+    if unknown:
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
     # matplotlib (the analysis report) logs building its font cache, once, at INFO.
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    if args.command == "run":
-        return _run(args)
-    if args.command == "capture":
-        return args.func(args)
     if args.command == "analyze":
+        from .pipeline import cli as analyze_cli
         return analyze_cli.run(args, args.master)
-    if args.command == "demo":
-        # The demo's clients report problems in its own lines; kafka-python's log lines
-        # (an ERROR while a topic is still being created, say) would only alarm a newcomer.
-        logging.getLogger("kafka").setLevel(logging.CRITICAL + 1)
-        # kproxy's INFO line per connection opened and closed would interleave with the
-        # pair lines; the demo counts connections instead (DemoPrinter.summary). Its
-        # warnings and errors still show.
-        logging.getLogger("kproxy.relay").setLevel(logging.WARNING)
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        args.capture_dir = f"{DEMO_CAPTURE_ROOT}/demo-{stamp}"
-        # SIGTERM stops the demo as Ctrl-C does (clients, kproxy, then the broker), rather
-        # than killing Python and leaving the broker's JVM running: while the event loop
-        # runs, _demo cancels itself on it; before and after (the analysis), it interrupts.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-        try:
-            import uvloop
-            status = uvloop.run(_demo(args))
-            signal.signal(signal.SIGTERM, signal.default_int_handler)   # the loop reset it
-            if args.analyze and status == 0:
-                return _analyze_demo(args.capture_dir, f"/tmp/kproxy-analysis/demo-{stamp}")
-            return status
-        except KeyboardInterrupt:
-            return 130
-        except OSError as exc:            # e.g. --port is taken
-            print(f"kproxy: cannot start the demo: {exc}", file=sys.stderr)
-            return 1
-    return 2
+    return args.func(args)
 
 
 if __name__ == "__main__":

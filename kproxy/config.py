@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import difflib
 import os
 import socket
 import tomllib
@@ -25,6 +26,7 @@ MODES = ("gateway", "sidecar")
 # port, told apart by the TLS server name (sni_host_template, sni_bootstrap_host).
 ROUTINGS = ("ports", "sni")
 PORT_RULES = ("offset", "sequential", "map", "fixed")   # fixed: every node at the listen port
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 ENV_PREFIX = "KPROXY_"
 # PROXY protocol on the Kafka listeners: off, or the header versions taken (any: v1 or v2).
 PROXY_PROTOCOLS = {"off": frozenset(), "v1": frozenset({1}), "v2": frozenset({2}), "any": frozenset({1, 2})}
@@ -35,6 +37,16 @@ PROXY_PROTOCOLS = {"off": frozenset(), "v1": frozenset({1}), "v2": frozenset({2}
 # cannot be guessed, and a private-network default would trust every pod or VM in them:
 # peers outside are refused (and logged, naming this setting) until it names them.
 DEFAULT_PROXY_PROTOCOL_TRUSTED = ("127.0.0.0/8", "::1/128")
+# KPROXY_* variables that are not settings but are read by other parts of kproxy (the
+# embedded brokers' jar cache) or by its tests and tools; no warning names these.
+OTHER_ENV_VARS = frozenset({"KPROXY_CACHE_DIR", "KPROXY_SKIP_BROKER_TESTS", "KPROXY_REPORT_SCREENSHOT",
+                            "KPROXY_LIVE_SCREENSHOT", "KPROXY_LIVE_WORKERS_SCREENSHOT"})
+# Hosts that mean "every interface" to bind(), and "this machine" to a client told them:
+# never an address to advertise (Kafka refuses them in advertised.listeners too).
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+# How close a misspelling must be to a known name for "did you mean" (difflib's ratio;
+# 0.6 is its default, which also offers unrelated short names).
+SUGGESTION_CUTOFF = 0.75
 
 # Kafka clients close idle connections after connections.max.idle.ms (9 min by
 # default); the proxy waits a little longer so it is never the one that cuts first.
@@ -64,6 +76,12 @@ class ConfigError(ValueError):
     """A configuration value is missing or wrong; the message names the key."""
 
 
+def did_you_mean(name: str, known) -> str:
+    """`` (did you mean X?)`` for the known name closest to a misspelt one, else ``""``."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=SUGGESTION_CUTOFF)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def parse_host_port(text: str, key: str) -> HostPort:
     host, sep, port = str(text).strip().rpartition(":")
     if not sep or not host:
@@ -76,6 +94,11 @@ def parse_host_port(text: str, key: str) -> HostPort:
     if not 0 <= number <= 65535:
         raise ConfigError(f"{key}: port must be 0-65535, got {number}")
     return host, number
+
+
+def show_address(host: str, port: int) -> str:
+    """HOST:PORT as a user writes it: an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # kproxy's own certificate and key come from either PEM files (cert_file and key_file; the
@@ -223,6 +246,11 @@ _KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "pr
                           "tls_server", "tls_client", "capture", "proxy_protocol_trusted_cidrs"} | set(TLS_FLAT_KEYS) | {TLS_CLIENT_ENABLED}
 
 
+def setting_names() -> frozenset[str]:
+    """Every key a config file, ``KPROXY_*`` variable or flag may set."""
+    return frozenset(_KNOWN)
+
+
 def _coerce(key: str, value: Any, kind: type) -> Any:
     if kind is bool:
         if isinstance(value, bool):
@@ -265,7 +293,8 @@ def _tls(key: str, value: Any, cls: type) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = set(value) - set(fields)
     if unknown:
-        raise ConfigError(f"{key}.{sorted(unknown)[0]}: unknown setting")
+        name = sorted(unknown)[0]
+        raise ConfigError(f"{key}.{name}: unknown setting{did_you_mean(name, fields)}")
     value = {name: _coerce(f"{key}.{name}", v, bool) if fields[name].type == "bool" else v
              for name, v in value.items()}
     try:
@@ -390,16 +419,26 @@ def read_file(path: str | Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+        try:
             data = yaml.safe_load(text) or {}
-        else:
+        except yaml.MarkedYAMLError as exc:      # names its mark: line and column, from 0
+            mark = exc.problem_mark or exc.context_mark
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"config file {path}{where}: {exc.problem or exc.context}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+    else:
+        try:
             data = tomllib.loads(text)
-    except Exception as exc:      # noqa: BLE001 - any parser error becomes one clear line
-        raise ConfigError(f"config file {path}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:   # its message ends "(at line L, column C)"
+            raise ConfigError(f"config file {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a table of settings at the top")
+    for key in data:
+        if key not in _KNOWN:
+            raise ConfigError(f"config file {path}: {key}: unknown setting{did_you_mean(str(key), _KNOWN)}")
     return data
 
 
@@ -407,6 +446,22 @@ def from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     """``KPROXY_UPSTREAM=broker:9092`` → ``{"upstream": "broker:9092"}``."""
     return {k[len(ENV_PREFIX):].lower(): v for k, v in environ.items()
             if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() in _KNOWN}
+
+
+def unknown_env(environ: Mapping[str, str]) -> list[str]:
+    """One warning per ``KPROXY_*`` variable that is no setting (and none kproxy reads
+    otherwise), with the setting it may have meant: a typo would otherwise be ignored."""
+    known = {ENV_PREFIX + key.upper() for key in _KNOWN} | OTHER_ENV_VARS
+    # Compared without the prefix, which every name shares and would make any two look alike.
+    suffixes = {name[len(ENV_PREFIX):] for name in known}
+    warnings = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            close = difflib.get_close_matches(name[len(ENV_PREFIX):], sorted(suffixes), n=1,
+                                              cutoff=SUGGESTION_CUTOFF)
+            warnings.append(f"{name} is not a kproxy setting and is ignored"
+                            + (f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""))
+    return warnings
 
 
 def build(*layers: Mapping[str, Any]) -> Config:
@@ -418,7 +473,8 @@ def build(*layers: Mapping[str, Any]) -> Config:
                 raw[key] = value
     unknown = set(raw) - _KNOWN
     if unknown:
-        raise ConfigError(f"{sorted(unknown)[0]}: unknown setting")
+        key = sorted(unknown)[0]
+        raise ConfigError(f"{key}: unknown setting{did_you_mean(key, _KNOWN)}")
 
     upstream = raw.pop("upstreams", None) or raw.pop("upstream", None)
     raw.pop("upstream", None)
@@ -467,11 +523,8 @@ def _validate(c: Config) -> None:
     _validate_routing(c)
     if c.routing == "ports":
         _validate_ports(c)
-    try:
-        c.advertised_host_template.format(node_id=0, host="h")
-    except (KeyError, IndexError, ValueError) as exc:
-        raise ConfigError(f"advertised_host_template: only {{node_id}} and {{host}} may be used ({exc})") \
-            from None
+    _validate_advertised(c)
+    _validate_distinct_ports(c)
     for key in ("max_frame_size", "max_connections", "max_brokers", "metrics_label_cap"):
         if getattr(c, key) <= 0:
             raise ConfigError(f"{key}: must be positive, got {getattr(c, key)}")
@@ -484,8 +537,55 @@ def _validate(c: Config) -> None:
         raise ConfigError("capture_autostart: needs a capture table (at least its directory)")
     _validate_workers(c)
     _validate_proxy_protocol(c)
-    if c.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+    if c.log_level.upper() not in LOG_LEVELS:
         raise ConfigError(f"log_level: must be DEBUG, INFO, WARNING or ERROR, got {c.log_level!r}")
+
+
+def _validate_advertised(c: Config) -> None:
+    """Clients must be told an address they can connect to: never a wildcard, which is what
+    the listen host is when kproxy binds every interface (the advertised host's default)."""
+    try:
+        rendered = c.advertised_host_template.format(node_id=0, host="h")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"advertised_host_template: only {{node_id}} and {{host}} may be used ({exc})") \
+            from None
+    if c.routing == "sni":                     # nodes are advertised by sni_host_template
+        return
+    if c.mode == "sidecar":
+        if rendered.strip("[]") in WILDCARD_HOSTS:
+            raise ConfigError(f"advertised_host_template: {c.advertised_host_template!r} advertises "
+                              f"{rendered}, which clients cannot connect to; give the name or address "
+                              f"clients reach each broker's sidecar at, e.g. 'kafka-{{node_id}}.kafka.svc'")
+        return
+    if c.advertised_host is not None:
+        if c.advertised_host.strip().strip("[]") in WILDCARD_HOSTS:
+            raise ConfigError(f"advertised_host: {c.advertised_host!r} is not an address clients can "
+                              f"connect to; give the name or address clients reach kproxy at")
+        return
+    if c.listen[0] in WILDCARD_HOSTS:
+        raise ConfigError(f"advertised_host: listen is {c.listen[0]}, which clients cannot connect to; "
+                          f"set advertised_host (--advertised-host, {ENV_PREFIX}ADVERTISED_HOST) to the "
+                          f"name or address clients reach kproxy at")
+
+
+def _binds_overlap(a: str, b: str) -> bool:
+    """Two listen hosts that one port cannot serve twice: the same host, or a wildcard
+    (every interface, both families for '::' on a dual-stack host) and anything."""
+    return a.lower() == b.lower() or a in WILDCARD_HOSTS or b in WILDCARD_HOSTS
+
+
+def _validate_distinct_ports(c: Config) -> None:
+    """Every listener kproxy binds needs a port of its own (port 0: the OS picks distinct ones)."""
+    binds: list[tuple[str, HostPort]] = [("listen", c.listen)]
+    binds += [(key, getattr(c, key)) for key in ("admin_listen", "probe_listen") if getattr(c, key)]
+    if c.mode == "gateway" and c.routing == "ports" and c.broker_port_rule == "map":
+        binds += [(f"broker_port_map (node {node})", (c.listen[0], port))
+                  for node, port in sorted(c.broker_port_map.items())]
+    for i, (key, (host, port)) in enumerate(binds):
+        for other, (other_host, other_port) in binds[:i]:
+            if port != 0 and port == other_port and _binds_overlap(host, other_host):
+                raise ConfigError(f"{key}: {show_address(host, port)} overlaps {other} "
+                                  f"({show_address(other_host, other_port)}); each listener needs a port of its own")
 
 
 def _validate_proxy_protocol(c: Config) -> None:

@@ -13,16 +13,19 @@ event loop posts to the probe board; see ``proxy/probes.py``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import json
 import logging
+import os
 import signal
 import time
 from typing import Iterable
 
 from prometheus_client import generate_latest
 
-from .config import Config
+from . import startup_log
+from .config import Config, show_address
 from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.live import LiveView
@@ -52,14 +55,30 @@ def _ready_answer(ok: bool, detail: str) -> tuple[int, str, bytes]:
     return (200 if ok else 503), "text/plain", (detail + "\n").encode()
 
 
+async def start_admin(server, address: tuple[str, int]) -> None:
+    """Start an admin listener; an address it cannot take fails naming admin_listen."""
+    host, port = address
+    try:
+        await server.start(host, port)
+    except OSError as exc:           # taken, not an address of this host, a name that does not resolve
+        # aiohttp words a bind failure itself, quoting the address; the errno says it plainly.
+        # (A name that does not resolve: a gaierror, its errno negative and its strerror plain.)
+        why = os.strerror(exc.errno).lower() if (exc.errno or 0) > 0 else (exc.strerror or str(exc))
+        if exc.errno == errno.EADDRNOTAVAIL:
+            why += " (not an address of this host)"
+        raise OSError(f"admin_listen {show_address(host, port)}: {why}") from None
+
+
 class Runtime:
     """``probe_slot``: (board, slot) to post this process's heartbeat and readiness to, for a
     worker whose supervisor runs the probe process; without it, ``probe_listen`` makes the
-    runtime start a probe process of its own (a board of one slot)."""
+    runtime start a probe process of its own (a board of one slot). ``announce``: log the
+    start-up block (``startup_log``) once serving."""
 
     def __init__(self, config: Config, observers: Iterable[Observer] = (),
-                 probe_slot: tuple[Board, int] | None = None):
+                 probe_slot: tuple[Board, int] | None = None, announce: bool = True):
         self.config = config
+        self.announce = announce            # log the start-up block (a worker's supervisor does)
         self.capture = Capture(instance_name=config.instance_name)
         self.metrics = Metrics(client_id_label=config.metrics_client_id_label,
                                topic_label=config.metrics_topic_label,
@@ -168,10 +187,17 @@ class Runtime:
                 raise OSError(f"capture_autostart: {detail.get('error', detail)}")
         await self.proxy.start()
         if self.config.admin_listen is not None:
-            await self.admin.start(*self.config.admin_listen)
+            await start_admin(self.admin, self.config.admin_listen)
         self.heartbeat.post()                             # "starting" no more
         if self.probes is not None:
             await asyncio.to_thread(self.probes.start, self._own_board, *self.config.probe_listen)
+        if self.announce:
+            for line in startup_log.lines(self.config, startup_log.Bound(
+                    bootstrap=self.proxy.bootstrap_address,
+                    admin=None if self.admin.server is None else self.admin.address,
+                    probes=None if self.probes is None else self.probes.address,
+                    capture_active=self.capture.active)):
+                log.info("%s", line)
 
     async def stop(self) -> None:
         await self.proxy.stop()

@@ -117,7 +117,8 @@ def _worker_main(config: Config, index: int, pipe, probe_board: Board | None) ->
     from .runtime import Runtime
     relay.run_as_worker(index, config.workers)
     tune_allocator()
-    runtime = Runtime(config, probe_slot=None if probe_board is None else (probe_board, index))
+    runtime = Runtime(config, probe_slot=None if probe_board is None else (probe_board, index),
+                      announce=False)                     # the supervisor logs the block
     try:
         import uvloop
         uvloop.run(_serve(runtime, pipe))
@@ -267,14 +268,19 @@ class Supervisor:
                 worker, why = failed[0]
                 raise GiveUp(f"cannot start: worker {worker.index}: {why}")
             if self.config.admin_listen is not None:
-                await self.admin.start(*self.config.admin_listen)
+                from .runtime import start_admin
+                await start_admin(self.admin, self.config.admin_listen)
             if self.probes is not None:
                 await asyncio.to_thread(self.probes.start, self.board, *self.config.probe_listen)
-            host, port = self.config.listen
-            log.info("%d workers serving on %s:%d (pids %s)%s", self.count, host, port,
-                     ", ".join(str(w.process.pid) for w in self.workers),
-                     "" if self.config.admin_listen is None
-                     else " admin on %s:%d" % tuple(self.admin.server.address))
+            log.info("%d workers serving (pids %s)", self.count,
+                     ", ".join(str(w.process.pid) for w in self.workers))
+            from . import startup_log
+            for line in startup_log.lines(self.config, startup_log.Bound(
+                    bootstrap=self.config.listen,           # given, never 0, with workers
+                    admin=None if self.config.admin_listen is None else self.admin.server.address,
+                    probes=None if self.probes is None else self.probes.address,
+                    capture_active=self.config.capture_autostart, workers=self.count)):
+                log.info("%s", line)
             watchers += [loop.create_task(self._watch(w)) for w in self.workers]
             stop = loop.create_task(self._stop.wait())
             done, _ = await asyncio.wait([stop, *watchers], return_when=asyncio.FIRST_COMPLETED)
@@ -373,8 +379,8 @@ def run(config: Config) -> int:
     try:
         return uvloop.run(main())
     except GiveUp as exc:
-        print(f"kproxy: {exc}", file=sys.stderr)
+        print(f"kproxy run: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:                                # the admin port taken
-        print(f"kproxy: cannot start: {exc}", file=sys.stderr)
+        print(f"kproxy run: error: cannot start: {exc}", file=sys.stderr)
         return 1

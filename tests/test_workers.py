@@ -112,6 +112,7 @@ def test_each_worker_gets_its_own_capture_files_and_a_share_of_the_disk_cap():
 
 def test_worker_config_divides_the_limits_and_keeps_the_admin_port_private():
     config = config_module.build({"upstream": "b:9092", "listen": "0.0.0.0:9092", "workers": 3,
+                                  "advertised_host": "kproxy.example.com",
                                   "max_connections": 3000})
     mine = worker_config(config, 2, "t" * 32)
     assert mine.max_connections == 1000

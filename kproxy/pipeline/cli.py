@@ -73,6 +73,7 @@ def add_arguments(sub) -> None:
                                         "anomalies, clients and their software, topics, consumer "
                                         "groups, slow pairs and connection churn.")
     configure(parser, default_master=DEFAULT_MASTER)
+    parser.set_defaults(command_parser=parser)      # reports its unknown arguments (kproxy/cli.py)
 
 
 def configure(parser: argparse.ArgumentParser, default_master: str | None) -> None:

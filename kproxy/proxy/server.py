@@ -731,7 +731,7 @@ class Proxy:
         try:
             sock = self._bind(*c.listen)
         except OSError as exc:      # nothing is served yet: fail at start, naming the address
-            raise OSError(f"cannot listen on {c.listen[0]}:{c.listen[1]}: "
+            raise OSError(f"listen {c.listen[0]}:{c.listen[1]}: "
                           f"{exc.strerror or exc}") from None
         self._listen_port = sock.getsockname()[1]
         await self._serve("bootstrap", policy, sock)

@@ -556,9 +556,11 @@ def test_cli_harness_catches_bad_values_and_unknown_flags(monkeypatch, capsys):
         run_kproxy(["--upstream=broker:9092", "--no-such-flag=1"], {}, monkeypatch, capsys)
     with pytest.raises(AssertionError, match="fixed"):
         run_kproxy(["--upstream=b:1", "--broker-port-rule=fixed"], {}, monkeypatch, capsys)
-    env_config = run_kproxy([], {"KPROXY_UPSTREAM": "b:1", "KPROXY_LISTEN": "0.0.0.0:1234"},
-                            monkeypatch, capsys)
-    assert env_config.listen == ("0.0.0.0", 1234)
+    with pytest.raises(AssertionError, match="advertised_host: listen is 0.0.0.0"):
+        run_kproxy([], {"KPROXY_UPSTREAM": "b:1", "KPROXY_LISTEN": "0.0.0.0:1234"}, monkeypatch, capsys)
+    env_config = run_kproxy([], {"KPROXY_UPSTREAM": "b:1", "KPROXY_LISTEN": "0.0.0.0:1234",
+                                 "KPROXY_ADVERTISED_HOST": "kproxy.example.com"}, monkeypatch, capsys)
+    assert env_config.listen == ("0.0.0.0", 1234) and env_config.public_host == "kproxy.example.com"
 
 
 # ---------------------------------------------------------------- Dockerfile
@@ -593,7 +595,11 @@ def test_dockerfile_entrypoint_is_kproxy_run(capsys):
 
 
 def test_dockerfile_env_binds_all_interfaces_and_exposes_the_default_ports(monkeypatch, capsys):
-    config = run_kproxy(["--upstream=broker:9092"], image_env(), monkeypatch, capsys)
+    # The image binds every interface, so the command must say what clients are told.
+    with pytest.raises(AssertionError, match="advertised_host: listen is 0.0.0.0"):
+        run_kproxy(["--upstream=broker:9092"], image_env(), monkeypatch, capsys)
+    config = run_kproxy(["--upstream=broker:9092", "--advertised-host=kafka-proxy.example.com"],
+                        image_env(), monkeypatch, capsys)
     defaults = kconfig.Config(upstreams=(("broker", 9092),))
     assert config.listen[1] == defaults.listen[1] == 9092
     assert config.admin_listen[1] == defaults.admin_listen[1] == 9644

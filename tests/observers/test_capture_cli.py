@@ -93,5 +93,5 @@ def test_add_arguments_registers_capture_show_and_stats(capture_dir, capsys):
     assert len(capsys.readouterr().out.splitlines()) == 2
     args = parser.parse_args(["capture", "stats", str(capture_dir)])
     assert args.func(args) == 0 and "Produce" in capsys.readouterr().out
-    assert cli.main(["capture", "show", str(capture_dir / "missing")]) == 1
+    assert cli.main(["capture", "show", str(capture_dir / "missing")]) == 2
     assert "no such capture" in capsys.readouterr().err

@@ -271,12 +271,12 @@ class KproxyProcess:
         wait_for(ready, timeout, f"kproxy's {path} to answer 200")
 
     def refusal(self, timeout: float = PROCESS_START_TIMEOUT_S) -> str:
-        """The one line (``kproxy: ...``) a kproxy that gives up prints, once it has exited
-        with 1 and no traceback."""
+        """The one line (``kproxy run: error: ...``) a kproxy that gives up prints, once it
+        has exited with 1 and no traceback."""
         assert self.process.wait(timeout) == 1, f"kproxy exited with {self.process.returncode}"
         output = self.log_text()
         assert "Traceback" not in output, output
-        lines = [line for line in output.splitlines() if line.startswith("kproxy: ")]
+        lines = [line for line in output.splitlines() if line.startswith("kproxy run: error: ")]
         assert len(lines) == 1, output
         return lines[0]
 

@@ -34,17 +34,54 @@ from .summary import iso_utc
 
 # ---------------------------------------------------------------- reading
 
+class NotACapture(ValueError):
+    """The input is no kproxy capture (a missing path, no capture files, rows that are not
+    capture rows); the message names the file and, in JSONL, the line."""
+
+
+# Every capture row carries this column (every schema version); Parquet files carry it too.
+VERSION_COLUMN = "capture_version"
+
+
 def capture_files(path: str, fmt: str | None = None) -> list[str]:
     """The files ``path`` names: itself, or a directory's capture files of one format."""
     if os.path.isfile(path):
+        if path.endswith(".pcapng"):
+            raise NotACapture(f"{path}: pcapng is for Wireshark or tshark; show and stats read the "
+                              f"capture's JSONL or Parquet files")
         return [path]
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"no such capture file or directory: {path}")
+        raise NotACapture(f"no such capture file or directory: {path}")
     jsonl = sorted(glob.glob(os.path.join(path, "*.jsonl")) + glob.glob(os.path.join(path, "*.jsonl.gz")))
     parquet = sorted(glob.glob(os.path.join(path, "*.parquet")))
-    if fmt == "parquet" or (fmt is None and not jsonl):
-        return parquet
-    return jsonl
+    found = parquet if fmt == "parquet" or (fmt is None and not jsonl) else jsonl
+    if not found:
+        wanted = {"parquet": "*.parquet", "jsonl": "*.jsonl, *.jsonl.gz"}.get(
+            fmt, "*.jsonl, *.jsonl.gz, *.parquet")
+        raise NotACapture(f"{path}: no capture files ({wanted}) in this directory")
+    return found
+
+
+def _jsonl_row(name: str, number: int, line: str) -> dict:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        raise NotACapture(f"{name}, line {number}: not a kproxy capture (not JSON)") from None
+    if not isinstance(row, dict) or VERSION_COLUMN not in row:
+        raise NotACapture(f"{name}, line {number}: not a kproxy capture row (no {VERSION_COLUMN})")
+    return row
+
+
+def _parquet_file(name: str):
+    import pyarrow
+    import pyarrow.parquet as pq
+    try:
+        f = pq.ParquetFile(name)
+    except (pyarrow.ArrowException, OSError) as exc:
+        raise NotACapture(f"{name}: not a kproxy capture (not a Parquet file: {exc})") from None
+    if VERSION_COLUMN not in f.schema_arrow.names:
+        raise NotACapture(f"{name}: not a kproxy capture (a Parquet file without {VERSION_COLUMN})")
+    return f
 
 
 _TIMESTAMP_COLUMNS = ("time", "connection_start")
@@ -54,9 +91,7 @@ def read_rows(path: str, fmt: str | None = None) -> Iterator[dict]:
     """Rows of a capture, whatever the format; timestamps as ISO strings in both."""
     for name in capture_files(path, fmt):
         if name.endswith(".parquet"):
-            import pyarrow.parquet as pq
-
-            for batch in pq.ParquetFile(name).iter_batches(batch_size=10_000):
+            for batch in _parquet_file(name).iter_batches(batch_size=10_000):
                 for row in batch.to_pylist():
                     for column in _TIMESTAMP_COLUMNS:
                         t = row.get(column)
@@ -65,10 +100,13 @@ def read_rows(path: str, fmt: str | None = None) -> Iterator[dict]:
                     yield row
         else:
             opener = gzip.open if name.endswith(".gz") else open
-            with opener(name, "rt", encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        yield json.loads(line)
+            try:
+                with opener(name, "rt", encoding="utf-8") as f:
+                    for number, line in enumerate(f, 1):
+                        if line.strip():
+                            yield _jsonl_row(name, number, line)
+            except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as exc:
+                raise NotACapture(f"{name}: not a kproxy capture ({exc})") from None
 
 
 # ---------------------------------------------------------------- show
@@ -292,8 +330,11 @@ def stats(path: str, *, top: int = 10, fmt: str | None = None, out: TextIO | Non
 
 def add_arguments(subparsers) -> argparse.ArgumentParser:
     """Register ``capture show`` and ``capture stats`` on a parent's subparsers."""
-    capture = subparsers.add_parser("capture", help="read JSONL / Parquet traffic captures")
-    sub = capture.add_subparsers(dest="capture_command", required=True)
+    capture = subparsers.add_parser("capture", help="read JSONL / Parquet traffic captures",
+                                    description="Read the JSONL or Parquet files kproxy's capture "
+                                                "writes: a file, or a directory of them.")
+    # No command: kproxy/cli.py shows this parser's help (main below does the same).
+    sub = capture.add_subparsers(dest="capture_command", title="commands", metavar="COMMAND")
     show_p = sub.add_parser("show", help="one line per request/response pair")
     show_p.add_argument("path", help="a capture file or a capture directory")
     show_p.add_argument("--api", default="", help="API names, comma-separated (e.g. Produce,Fetch)")
@@ -304,42 +345,57 @@ def add_arguments(subparsers) -> argparse.ArgumentParser:
     show_p.add_argument("--limit", type=int, help="stop after this many lines")
     show_p.add_argument("--verbose", "-v", action="store_true", help="print decoded bodies (JSONL)")
     show_p.add_argument("--format", choices=("jsonl", "parquet"), help="which files of a directory")
-    show_p.set_defaults(func=_run_show)
+    show_p.set_defaults(func=_run_show, command_parser=show_p)
     stats_p = sub.add_parser("stats", help="pairs, latency p50/p99, bytes and errors per API; "
                                              "client software inventory")
     stats_p.add_argument("path", help="a capture file or a capture directory")
     stats_p.add_argument("--top", type=int, default=10, help="how many clients / topics / software to list")
     stats_p.add_argument("--format", choices=("jsonl", "parquet"), help="which files of a directory")
-    stats_p.set_defaults(func=_run_stats)
+    stats_p.set_defaults(func=_run_stats, command_parser=stats_p)
     return capture
 
 
-def _run_show(args) -> int:
+# Exit statuses, as every kproxy command has them (kproxy/cli.py).
+INPUT_ERROR = 2
+RUNTIME_ERROR = 1
+
+
+def _guarded(command: str, work) -> int:
+    """Run ``work``; an error becomes one line, ``kproxy capture <command>: error: ...``."""
     try:
-        show(args.path, apis=args.api.split(","), client_id=args.client_id, topic=args.topic,
-             connection=args.conn, errors_only=args.errors, limit=args.limit, verbose=args.verbose,
-             fmt=args.format)
+        work()
     except BrokenPipeError:          # `| head`
         return 0
-    except (OSError, ValueError) as exc:
-        print(f"kproxy capture show: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    except (NotACapture, PermissionError, IsADirectoryError) as exc:
+        status, message = INPUT_ERROR, str(exc)
+    except OSError as exc:           # the disk failing under us, not the input
+        status, message = RUNTIME_ERROR, str(exc)
+    except ValueError as exc:        # a Parquet file that is damaged inside
+        status, message = INPUT_ERROR, f"not a readable kproxy capture: {exc}"
+    else:
+        return 0
+    print(f"kproxy capture {command}: error: {message}", file=sys.stderr)
+    return status
+
+
+def _run_show(args) -> int:
+    return _guarded("show", lambda: show(
+        args.path, apis=args.api.split(","), client_id=args.client_id, topic=args.topic,
+        connection=args.conn, errors_only=args.errors, limit=args.limit, verbose=args.verbose,
+        fmt=args.format))
 
 
 def _run_stats(args) -> int:
-    try:
-        stats(args.path, top=args.top, fmt=args.format)
-    except (OSError, ValueError) as exc:
-        print(f"kproxy capture stats: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return _guarded("stats", lambda: stats(args.path, top=args.top, fmt=args.format))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kproxy")
-    add_arguments(parser.add_subparsers(dest="command", required=True))
+    capture = add_arguments(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        capture.print_help(sys.stderr)
+        return INPUT_ERROR
     return args.func(args)
 
 

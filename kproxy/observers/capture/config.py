@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ...config import did_you_mean
 from .filters import CaptureFilter
 
 FORMATS = ("jsonl", "parquet", "pcapng")
@@ -139,7 +140,8 @@ class CaptureConfig:
         names = {f.name: f for f in dataclasses.fields(cls)}
         unknown = set(data) - set(names)
         if unknown:
-            raise ValueError(f"{key}.{sorted(unknown)[0]}: unknown setting")
+            name = sorted(unknown)[0]
+            raise ValueError(f"{key}.{name}: unknown setting{did_you_mean(str(name), names)}")
         values: dict[str, Any] = {}
         for name, value in data.items():
             if value is None:

@@ -88,8 +88,10 @@ class CaptureFilter:
         known = {"apis", "client_id", "client_id_regex", "clients", "topics", "sample"}
         unknown = set(data) - known
         if unknown:
-            raise ValueError(f"{key}.{sorted(unknown)[0]}: unknown setting "
-                             f"(one of {', '.join(sorted(known))})")
+            from ...config import did_you_mean
+            name = sorted(unknown)[0]
+            suggestion = did_you_mean(str(name), known) or f" (one of {', '.join(sorted(known))})"
+            raise ValueError(f"{key}.{name}: unknown setting{suggestion}")
         values: dict[str, Any] = {}
         for name in ("apis", "clients", "topics"):
             if data.get(name) is not None:
