@@ -134,9 +134,10 @@ def bind_failure_label(error: OSError) -> str:
     return BIND_FAILURE_REASONS.get(error.errno, "other")
 
 
-# Why SNI routing refused a handshake: a name it does not serve, no name at all, or (a
-# sidecar) another node's name.
-SNI_REFUSAL_REASONS = ("unknown_name", "no_name", "other_node")
+# Why SNI routing refused a handshake: a name it does not serve, no name at all, (a
+# sidecar) another node's name, or (a gateway) a broker name of a node the cluster does not
+# have: one label for all such nodes, so names a client makes up cannot grow /metrics.
+SNI_REFUSAL_REASONS = ("unknown_name", "no_name", "other_node", "unknown_node")
 
 
 def close_reason_label(reason: str) -> str:
@@ -298,7 +299,7 @@ class Metrics:
         self.sni_refusals = Counter(
             "kproxy_sni_refused_total",
             "TLS handshakes refused by SNI routing: a server name that is no advertised name, "
-            "none, or (a sidecar) another node's",
+            "none, (a sidecar) another node's, or a node the cluster does not have",
             ["reason"], registry=r)
         for reason in SNI_REFUSAL_REASONS:
             self.sni_refusals.labels(reason)
