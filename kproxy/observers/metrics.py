@@ -39,6 +39,7 @@ from .. import __version__
 from ..protocol import API_KEYS, SCHEMA_SOURCES, OpaqueBody, api_name, error_name, is_removed, schema
 from ..protocol.connection import (WRONG_PROTOCOLS, MalformedFrame, RequestReceived,
                                    ResponseReceived, SaslTokenPassed)
+from ..protocol.client_software import software_named
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, count_batches
 from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
@@ -95,7 +96,6 @@ MAX_LAG_PARTITIONS_PER_CONNECTION = 100_000
 # Topic id -> name pairs learnt from Metadata answers (Fetch v13+ names topics by id only).
 MAX_TOPIC_IDS = 100_000
 API_VERSIONS_KEY = 18
-API_VERSIONS_SOFTWARE_VERSION = 3      # ApiVersions v3+ names the client's software
 JOIN_GROUP_KEY, SYNC_GROUP_KEY, LEAVE_GROUP_KEY = 11, 14, 13
 # Member heartbeats of the KIP-848 style protocols (response member_epoch) -> protocol label.
 EPOCH_HEARTBEATS = {API_KEYS[name]: protocol for name, protocol in (
@@ -563,20 +563,16 @@ class Metrics:
         return software[0] if software is not None else UNKNOWN_SOFTWARE
 
     def _software_named(self, event: ResponseReceived, info, body) -> None:
-        """ApiVersions v3+ accepted by the broker (it refuses malformed names): move the
-        connection from ``unknown`` (or what it said before) to the software it named."""
-        if info is None or event.request_event.api_version < API_VERSIONS_SOFTWARE_VERSION \
-                or getattr(body, "error_code", 0):
+        """Move the connection from ``unknown`` (or what it named before) to the software an
+        accepted ApiVersions v3+ names (``client_software.software_named``: Kafka's rule)."""
+        current = self._conn_software.get(info.id) if info is not None else None
+        if current is None:
             return
-        current = self._conn_software.get(info.id)
-        request = event.request_event.request
-        if current is None or request is None or request.is_opaque:
+        named = software_named(event)
+        if named is None:
             return
-        fields = pair_fields(API_VERSIONS_KEY, request.body, None)
-        name = (fields["client_software_name"] or "")[:SOFTWARE_LABEL_MAX_CHARS]
-        version = (fields["client_software_version"] or "")[:SOFTWARE_LABEL_MAX_CHARS]
-        if not name:
-            return
+        name = named.name[:SOFTWARE_LABEL_MAX_CHARS]
+        version = named.version[:SOFTWARE_LABEL_MAX_CHARS]
         if self._software_pair(f"{name}\0{version}") == "other":
             name_label, child = "other", self.software_connections.labels("other", "other")
         else:
