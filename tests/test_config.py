@@ -47,6 +47,8 @@ def test_yaml_file_with_sidecar_template(tmp_path):
     ({"upstream": "h:1", "instance_name": " "}, "instance_name: must not be empty"),
     ({"upstream": "h:1", "tls_server": {"cert_file": "/nope.pem", "key_file": "/nope.key"}},
      "tls_server.cert_file: no such file"),
+    ({"upstream": "h:1", "capture": {"directory": "/tmp/c", "filter": {"client_id_regex": "(a)\\1"}}},
+     "capture.filter.client_id_regex: invalid escape sequence"),
 ])
 def test_bad_settings_name_the_key(settings, message):
     with pytest.raises(cfg.ConfigError, match=message.replace("(", r"\(")):

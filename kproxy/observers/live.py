@@ -1,9 +1,11 @@
 """The live view: request/response pairs, as they happen, for people watching the admin page.
 
 An observer like capture, fed after the bytes are forwarded. With nobody
-watching, its hook returns after one check (plus a set lookup that reads a
-new connection's first request, for the client inventory), so a kproxy whose
-page is closed pays nothing measurable (see benchmarks/README.md).
+watching, its hook only keeps the client inventory: a set lookup that reads a
+new connection's first request (its client_id), and a look at each response
+for ApiVersions (a connection's client software is its latest accepted
+ApiVersions v3+: ``protocol.client_software``), so a kproxy whose page is
+closed pays nothing measurable (see benchmarks/README.md).
 
 While someone watches::
 
@@ -28,7 +30,9 @@ While someone watches::
 - The overview (per-API rate, p99 latency, error rate over ``OVERVIEW_WINDOW_S``)
   is computed from the same rows while someone watches; connections by listener
   and the client inventory (ApiVersions v3+ software, client_id, address, API
-  versions used) come from connection hooks and each connection's first request.
+  versions used) come from connection hooks, each connection's first request
+  (its client_id) and its latest accepted ApiVersions v3+ (its software, and the
+  client_id that request carried).
 """
 
 from __future__ import annotations
@@ -43,13 +47,14 @@ import time
 from collections import OrderedDict, deque
 from typing import Any, Iterator, Mapping
 
+from ..protocol.client_software import ClientSoftware, software_named
 from ..protocol.connection import RequestReceived, ResponseReceived
-from ..protocol.pair_fields import API_VERSIONS, pair_fields
+from ..protocol.pair_fields import API_VERSIONS
 from .capture.filters import CaptureFilter, header_client_id
 from .capture.jsonl import json_form
 from .capture.pcapng import stream_file
 from .capture.redact import scrub_frame
-from .capture.summary import OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, build_row
+from .capture.summary import OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, build_row, fill_client_software
 
 log = logging.getLogger("kproxy.live")
 
@@ -85,7 +90,6 @@ ROW_TOPICS = 10
 # Latency histogram for p99: 0.05 ms to ~60 s, 25% apart (p99 is exact to that).
 LATENCY_EDGES_MS = tuple(0.05 * 1.25 ** i for i in range(64))
 _ITEM_OVERHEAD = 200
-_FIRST_SOFTWARE_VERSION = 3
 _STOP = object()
 
 
@@ -194,7 +198,7 @@ class _Client:
         self.opened = info.opened or time.time()
         self.closed: float | None = None
         self.client_id: str | None = None
-        self.software: tuple[str | None, str | None] = (None, None)
+        self.software: ClientSoftware | None = None
         self.apis: set[tuple[str, int]] = set()         # (API name, version) seen while watched
 
 
@@ -324,16 +328,20 @@ class LiveView:
     # ------------------------------------------------------------ hooks (event loop thread)
 
     def __call__(self, info, events) -> None:
-        if not self.watched and info.id not in self._learning:
-            return
         if info.id in self._learning:
-            self._learn(info, events)
-            if not self.watched:
-                return
+            self._learn_client_id(info, events)
+        if not self.watched:                 # the inventory only: a connection's software
+            for event in events:
+                if event.__class__ is ResponseReceived and event.request_event.api_key == API_VERSIONS:
+                    self._learn_software(info, event)
+            return
         for event in events:
             cls = event.__class__
             if cls is ResponseReceived:
-                self._put(info, event.request_event, event)
+                request = event.request_event
+                if request.api_key == API_VERSIONS:
+                    self._learn_software(info, event)
+                self._put(info, request, event)
             elif cls is RequestReceived and not event.expects_response:
                 self._put(info, event, None)
 
@@ -352,22 +360,25 @@ class LiveView:
             client.closed = time.time()
             self._closed.append(client)
 
-    def _learn(self, info, events) -> None:
-        """A connection's first request: its client_id, and its software if it is ApiVersions v3+."""
+    def _learn_client_id(self, info, events) -> None:
+        """A connection's first request: its client_id."""
         for event in events:
             if event.__class__ is not RequestReceived:
                 continue
             self._learning.discard(info.id)
             client = self._clients.get(info.id)
-            if client is None:
-                return
-            client.client_id = header_client_id(event.frame)
-            if event.api_key == API_VERSIONS and event.api_version >= _FIRST_SOFTWARE_VERSION:
-                request = event.request
-                if request is not None:
-                    fields = pair_fields(API_VERSIONS, request.body, None)
-                    client.software = (fields["client_software_name"], fields["client_software_version"])
+            if client is not None:
+                client.client_id = header_client_id(event.frame)
             return
+
+    def _learn_software(self, info, response) -> None:
+        """An ApiVersions answer: if the broker accepted a v3+ naming the software, that is
+        the connection's software from now on, and its request's client_id the client_id."""
+        named = software_named(response)
+        client = self._clients.get(info.id)
+        if named is not None and client is not None:
+            client.software = named
+            client.client_id = header_client_id(response.request_event.frame)
 
     def _put(self, info, request, response) -> None:
         size = _held_size(request, response) + _ITEM_OVERHEAD
@@ -457,8 +468,7 @@ class LiveView:
         client = self._clients.get(info.id)
         if client is not None:
             client.apis.add((row["api_name"], row["api_version"]))
-            if row["client_software_name"] is None and client.software[0] is not None:
-                row["client_software_name"], row["client_software_version"] = client.software
+            fill_client_software(row, client.software)
         now = time.time()
         self._window.add(int(row["time"]), row["api_name"], row["latency_ms"],
                          bool(row["error_count"] or row["decode_error"]))
@@ -538,7 +548,8 @@ def _inventory(clients: list[_Client]) -> list[dict]:
     """One entry per (address, client_id, software): connections, APIs and versions used."""
     groups: dict[tuple, dict] = {}
     for c in clients:
-        g = _inventory_group(groups, c.host, c.client_id, c.software, c.opened, c.port)
+        software = (c.software.name, c.software.version) if c.software is not None else (None, None)
+        g = _inventory_group(groups, c.host, c.client_id, software, c.opened, c.port)
         g["open" if c.closed is None else "closed"] += 1
         g["listeners"].add(c.listener)
         for api, version in c.apis:

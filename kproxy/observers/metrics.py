@@ -39,6 +39,7 @@ from .. import __version__
 from ..protocol import API_KEYS, SCHEMA_SOURCES, OpaqueBody, api_name, error_name, is_removed, schema
 from ..protocol.connection import (WRONG_PROTOCOLS, MalformedFrame, RequestReceived,
                                    ResponseReceived, SaslTokenPassed)
+from ..protocol.client_software import software_named
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, count_batches
 from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
@@ -96,7 +97,6 @@ MAX_LAG_PARTITIONS_PER_CONNECTION = 100_000
 # Topic id -> name pairs learnt from Metadata answers (Fetch v13+ names topics by id only).
 MAX_TOPIC_IDS = 100_000
 API_VERSIONS_KEY = 18
-API_VERSIONS_SOFTWARE_VERSION = 3      # ApiVersions v3+ names the client's software
 JOIN_GROUP_KEY, SYNC_GROUP_KEY, LEAVE_GROUP_KEY = 11, 14, 13
 # Member heartbeats of the KIP-848 style protocols (response member_epoch) -> protocol label.
 EPOCH_HEARTBEATS = {API_KEYS[name]: protocol for name, protocol in (
@@ -140,9 +140,10 @@ def bind_failure_label(error: OSError) -> str:
 
 TLS_RELOAD_OUTCOMES = ("success", "failure")
 
-# Why SNI routing refused a handshake: a name it does not serve, no name at all, or (a
-# sidecar) another node's name.
-SNI_REFUSAL_REASONS = ("unknown_name", "no_name", "other_node")
+# Why SNI routing refused a handshake: a name it does not serve, no name at all, (a
+# sidecar) another node's name, or (a gateway) a broker name of a node the cluster does not
+# have: one label for all such nodes, so names a client makes up cannot grow /metrics.
+SNI_REFUSAL_REASONS = ("unknown_name", "no_name", "other_node", "unknown_node")
 
 
 def close_reason_label(reason: str) -> str:
@@ -304,7 +305,7 @@ class Metrics:
         self.sni_refusals = Counter(
             "kproxy_sni_refused_total",
             "TLS handshakes refused by SNI routing: a server name that is no advertised name, "
-            "none, or (a sidecar) another node's",
+            "none, (a sidecar) another node's, or a node the cluster does not have",
             ["reason"], registry=r)
         for reason in SNI_REFUSAL_REASONS:
             self.sni_refusals.labels(reason)
@@ -587,20 +588,16 @@ class Metrics:
         return software[0] if software is not None else UNKNOWN_SOFTWARE
 
     def _software_named(self, event: ResponseReceived, info, body) -> None:
-        """ApiVersions v3+ accepted by the broker (it refuses malformed names): move the
-        connection from ``unknown`` (or what it said before) to the software it named."""
-        if info is None or event.request_event.api_version < API_VERSIONS_SOFTWARE_VERSION \
-                or getattr(body, "error_code", 0):
+        """Move the connection from ``unknown`` (or what it named before) to the software an
+        accepted ApiVersions v3+ names (``client_software.software_named``: Kafka's rule)."""
+        current = self._conn_software.get(info.id) if info is not None else None
+        if current is None:
             return
-        current = self._conn_software.get(info.id)
-        request = event.request_event.request
-        if current is None or request is None or request.is_opaque:
+        named = software_named(event)
+        if named is None:
             return
-        fields = pair_fields(API_VERSIONS_KEY, request.body, None)
-        name = (fields["client_software_name"] or "")[:SOFTWARE_LABEL_MAX_CHARS]
-        version = (fields["client_software_version"] or "")[:SOFTWARE_LABEL_MAX_CHARS]
-        if not name:
-            return
+        name = named.name[:SOFTWARE_LABEL_MAX_CHARS]
+        version = named.version[:SOFTWARE_LABEL_MAX_CHARS]
         if self._software_pair(f"{name}\0{version}") == "other":
             name_label, child = "other", self.software_connections.labels("other", "other")
         else:

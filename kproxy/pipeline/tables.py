@@ -204,16 +204,27 @@ def clients(pairs: DataFrame) -> DataFrame:
 
 
 def per_connection(pairs: DataFrame) -> DataFrame:
-    """One row per proxied connection (client, software, times, requests, versions)."""
+    """One row per proxied connection (client, software, times, requests, versions).
+
+    A connection's software is its latest row's: each row carries the connection's
+    software as of that pair (its latest ApiVersions v3+ the broker accepted, Kafka's
+    rule; ``kproxy.protocol.client_software``), so a later ApiVersions replaces an earlier."""
+    named = F.col("client_software_name").isNotNull() | F.col("client_software_version").isNotNull()
+    software = F.max_by(F.struct(F.col("client_software_name").alias("name"),
+                                 F.col("client_software_version").alias("version")),
+                        F.when(named, F.col("time")))
     return (pairs.groupBy("conn_key")
             .agg(F.max("client_id").alias("client_id"), F.max("client_host").alias("client_host"),
                  F.max("proxy_instance").alias("proxy_instance"),
-                 F.max("client_software_name").alias("client_software_name"),
-                 F.max("client_software_version").alias("client_software_version"),
+                 software.alias("software"),
                  F.min(F.coalesce("connection_start", "time")).alias("opened"),
                  F.max("end_time").alias("last_active"),
                  F.count("*").alias("requests"),
                  F.collect_set(_api_version_label()).alias("api_versions"))
+            .select("conn_key", "client_id", "client_host", "proxy_instance",
+                    F.col("software.name").alias("client_software_name"),
+                    F.col("software.version").alias("client_software_version"),
+                    "opened", "last_active", "requests", "api_versions")
             .withColumn("lifetime_s", _seconds_between("last_active", "opened")))
 
 

@@ -92,6 +92,12 @@ class OwnRequests:
 
     # ------------------------------------------------------------ discovery
 
+    def would_learn(self) -> bool:
+        """Whether ``learn_brokers`` called now would ask the cluster (or wait for an asking
+        under way), rather than return at once: nothing asked within the interval."""
+        return (self._discovery_lock.locked()
+                or time.monotonic() - self._discovered_at >= DISCOVERY_MIN_INTERVAL_S)
+
     async def learn_brokers(self, learn: Learn) -> None:
         """Hand every broker's address (from a Metadata request of kproxy's own) to ``learn``."""
         async with self._discovery_lock:

@@ -18,7 +18,11 @@ bytes are forwarded, and the connection closes.
 
 A client that half-closes (shuts down its sending side) after its last request
 still gets the answers it is owed, as it would from Kafka: the broker gets the
-half-close too, and the connection closes once nothing is in flight.
+half-close too, and the connection closes once nothing is in flight. Not over
+TLS: asyncio's (and uvloop's) TLS transport closes once the client's
+close_notify or EOF arrives, whatever ``eof_received`` answers, so a TLS client's
+half-close ends the connection there (what was written to it is still flushed;
+answers the broker has yet to give are not delivered).
 
 Backpressure is explicit: when one side's transport holds more than
 ``WRITE_HIGH_WATER`` unsent bytes, the loop calls that side's
@@ -341,10 +345,13 @@ class Endpoint(asyncio.BufferedProtocol):
         relay.received(self, data)
 
     def eof_received(self) -> bool:
+        # A TLS transport cannot stay open for writing (it closes, and warns if told to):
+        # its half-close is a close.
+        half_close = self.transport.get_extra_info("ssl_object") is None
         if self.relay is None:
             self._early_eof = True
-            return True
-        return self.relay.eof(self)
+            return half_close
+        return self.relay.eof(self, half_close)
 
     def connection_lost(self, exc) -> None:
         self.lost = True
@@ -394,7 +401,8 @@ class Endpoint(asyncio.BufferedProtocol):
             if relay.close_reason is not None:
                 return
             relay.received(self, data)
-        if self._early_eof and relay.close_reason is None and not relay.eof(self):
+        if self._early_eof and relay.close_reason is None and not relay.eof(
+                self, self.transport.get_extra_info("ssl_object") is None):
             self.close()
         self.resume("connecting")
 
@@ -748,12 +756,16 @@ class Relay:
         if unobserved:
             _notify(self.observers, self.info, list(unobserved))
 
-    def eof(self, endpoint: Endpoint) -> bool:
-        """A side shut down its sending half; True keeps the socket open for writing."""
+    def eof(self, endpoint: Endpoint, half_close: bool = True) -> bool:
+        """A side shut down its sending half; True keeps the socket open for writing
+        (``half_close`` False: it cannot be, as over TLS)."""
         if self.close_reason is not None:
             return False
         if endpoint is self.broker:
             self.finish("broker closed")
+            return False
+        if not half_close:
+            self.finish("client closed")
             return False
         self.client_done_sending = True
         broker = self.broker.transport

@@ -26,7 +26,12 @@ log line within a budget and ``kproxy_sni_refused_total``. (OpenSSL queues an
 see the connection closed during the handshake.) No broker listener is ever
 opened, so nothing is withheld; a node that joins the cluster is reachable at
 its name the moment a response names it, and a name kproxy's certificate does
-not cover is logged once. A sidecar checks the name and always reaches its
+not cover is logged once. A broker name of a node kproxy does not serve (the
+cluster's Metadata, asked at most once a second, does not list it) is refused
+too, counted as ``unknown_node``: in the handshake when kproxy asked within
+the second, else right after it once the answer is in. Only nodes served get a
+route and a ``listener`` label, so made-up names cannot grow ``/metrics``.
+A sidecar checks the name and always reaches its
 own broker (DNS or the load balancer sends each name to its sidecar); once it
 knows its broker's node id (Metadata lists the node at the sidecar's upstream
 address) it also refuses other nodes' names, which would otherwise reach the
@@ -370,39 +375,61 @@ class Proxy:
 
     def _on_server_name(self, ssl_object, server_name: str | None, _context) -> int | None:
         """The handshake's SNI callback: note the route on the connection, or refuse it."""
-        route = self.sni_names.route(server_name)
-        elsewhere = isinstance(route, int) and self.local_node not in (None, route)
-        if route is not None and not elsewhere:
-            setattr(ssl_object, ROUTE_ATTRIBUTE, route)
-            return None
         names = self.sni_names
-        if elsewhere:
-            reason = "other_node"
-            said = (f"server name {server_name!r} is node {route}'s, but this sidecar's broker is "
-                    f"node {self.local_node}: DNS or the load balancer sends it to the wrong sidecar")
-        elif server_name:
-            reason = "unknown_name"
-            said = (f"server name {server_name!r} is neither the bootstrap name {names.bootstrap!r} "
-                    f"nor a broker name like {names.name_of(1)!r}")
-        else:
-            reason = "no_name"
-            said = "no server name (SNI) was sent: clients must connect by name, not address"
+        route = names.route(server_name)
+        if route is None:
+            if server_name:
+                self._refuse_name(server_name, "unknown_name",
+                                  f"server name {server_name!r} is neither the bootstrap name "
+                                  f"{names.bootstrap!r} nor a broker name like {names.name_of(1)!r}")
+            else:
+                self._refuse_name(server_name, "no_name", "no server name (SNI) was sent: clients "
+                                                          "must connect by name, not address")
+            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+        if isinstance(route, int) and self.local_node not in (None, route):
+            self._refuse_name(server_name, "other_node",
+                              f"server name {server_name!r} is node {route}'s, but this sidecar's "
+                              f"broker is node {self.local_node}: DNS or the load balancer sends it "
+                              f"to the wrong sidecar")
+            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+        if self._unserved(route) and not self.own_requests.would_learn():
+            # Asking the cluster again now would be skipped (asked within the interval): the
+            # handshake could only end in the refusal the handler would give after it.
+            self._refuse_unserved(server_name, route)
+            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+        setattr(ssl_object, ROUTE_ATTRIBUTE, route)
+        return None
+
+    def _unserved(self, route) -> bool:
+        """Whether a gateway's SNI route names a node kproxy does not serve (now)."""
+        return isinstance(route, int) and self.config.mode == "gateway" and route not in self.upstream_of
+
+    def _refuse_unserved(self, server_name: str | None, node_id: int) -> None:
+        self._refuse_name(server_name, "unknown_node",
+                          f"server name {server_name!r} names node {node_id}, which kproxy does not "
+                          f"serve (the cluster's Metadata does not list it, or max_brokers is reached)")
+
+    def _refuse_name(self, server_name: str | None, reason: str, said: str) -> None:
+        """Count and log (within a budget) a server name SNI routing refuses."""
         notify_hook(self.observers, "sni_refused", reason)
         unlogged = self._sni_log.admit(server_name)
         if unlogged is not None:
             log.warning("refusing a TLS connection: %s (the same again within %gs is not logged%s; "
                         "see kproxy_sni_refused_total)", said, SNI_LOG_INTERVAL_S,
                         f"; {unlogged} earlier refusals were not logged" if unlogged else "")
-        return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+
+    def _route_of(self, client) -> object:
+        """The SNI route the handshake noted (BOOTSTRAP or a node id); None if none."""
+        return getattr(client.get_extra_info("ssl_object"), ROUTE_ATTRIBUTE, None)
 
     def _routed(self, policy: RelayPolicy, client) -> RelayPolicy | None:
         """The policy for one accepted connection: the listener's, or (SNI gateway) the
-        one its server name picked. None if it has no route (never expected)."""
+        one its server name picked. None if it has no route (never expected) or names a
+        node kproxy does not serve: a policy (and a ``listener`` label) per node served only."""
         if self.sni_names is None or self.config.mode == "sidecar":
             return policy
-        ssl_object = client.get_extra_info("ssl_object")
-        route = getattr(ssl_object, ROUTE_ATTRIBUTE, None)
-        if route is None:
+        route = self._route_of(client)
+        if route is None or self._unserved(route):
             return None
         if route == BOOTSTRAP:
             return policy
@@ -502,7 +529,11 @@ class Proxy:
 
     def _handler(self, listener_policy: RelayPolicy):
         async def handle(client):
-            policy = self._routed(listener_policy, client)
+            route = self._route_of(client) if self.sni_names is not None else None
+            # A node kproxy does not serve yet: the cluster is asked below; meanwhile the
+            # connection counts (limits, shutdown) under the listener's name.
+            learning = self._unserved(route)
+            policy = listener_policy if learning else self._routed(listener_policy, client)
             if policy is None:
                 log.error("refusing a connection on %s: its TLS handshake chose no route",
                           listener_policy.name)
@@ -527,11 +558,15 @@ class Proxy:
             relay = Relay(task=asyncio.current_task())
             self.relays.add(relay)
             try:
-                if policy.node_id is not None and self.sni_names is not None \
-                        and policy.node_id not in self.upstream_of:
+                if learning:
                     try:
                         await self.own_requests.learn_brokers(self.advertise)
                     except asyncio.CancelledError:      # shutdown: end normally, not cancelled
+                        client.close()
+                        return
+                    policy = self._routed(listener_policy, client)
+                    if policy is None:                  # still not a node kproxy serves
+                        self._refuse_unserved(self.sni_names.name_of(route), route)
                         client.close()
                         return
                 await run_relay(relay, policy, client)
@@ -652,6 +687,7 @@ class Proxy:
             return
         for node_id in [n for n in self.upstream_of if n not in present]:
             del self.upstream_of[node_id]
+            self._sni_policies.pop(node_id, None)
         for name in [n for n in self.listeners if n.startswith("broker-")]:
             node_id = int(name.split("-", 1)[1])
             if node_id not in present:

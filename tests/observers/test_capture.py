@@ -11,6 +11,7 @@ import glob
 import json
 import logging
 import os
+import re
 import struct
 import threading
 import time
@@ -21,7 +22,7 @@ import pytest
 
 from kproxy.observers.capture import Capture, CaptureConfig, CaptureError, CaptureFilter
 from kproxy.observers.capture import control
-from kproxy.observers.capture.filters import sample_hash
+from kproxy.observers.capture.filters import MATCHED_CLIENT_ID_CHARS, sample_hash
 from kproxy.observers.capture.parquet import SCHEMA
 from kproxy.observers.capture.writer import Writer
 from kproxy.protocol import Request, Struct, Uuid, encode_request, new_body
@@ -288,6 +289,51 @@ def test_sampling_keeps_requests_and_responses_together(capture, tmp_path):
         requests = [struct.unpack_from(">i", f, 4)[0] for f in split_frames(client)]
         responses = [struct.unpack_from(">i", f, 0)[0] for f in split_frames(server)]
         assert requests == responses == sorted(c for i, c in kept if i == link.info.id)
+
+
+def api_versions_event(client_id_bytes: bytes):
+    """The RequestReceived of an ApiVersions v3 whose header carries these client_id bytes."""
+    body = new_body("request", 18, 3, client_software_name="t", client_software_version="1")
+    placeholder = "\x01" * len(client_id_bytes)
+    frame = encode_request(Request(18, 3, 7, placeholder, body))
+    assert frame[10:10 + len(client_id_bytes)] == placeholder.encode()      # after its int16 length
+    frame = frame[:10] + client_id_bytes + frame[10 + len(client_id_bytes):]
+    return Connection().receive_client(framed(frame))[-1]
+
+
+def test_client_id_regex_is_re2_on_a_bounded_client_id():
+    def kept(pattern: str, client_id: bytes) -> bool:
+        return CaptureFilter(client_id_regex=pattern).compile().request_ok(1, api_versions_event(client_id))
+
+    # Only the first MATCHED_CLIENT_ID_CHARS characters are matched.
+    assert kept("^x+$", b"x" * MATCHED_CLIENT_ID_CHARS + b"y")
+    assert not kept("y", b"x" * MATCHED_CLIENT_ID_CHARS + b"y")
+    assert kept("y", b"x" * (MATCHED_CLIENT_ID_CHARS - 1) + b"y")
+    # Invalid UTF-8 is matched as U+FFFD (RE2 takes valid text only), never an exception.
+    assert kept("^caf.$", b"caf\xff") and kept("^caf\uFFFD", b"caf\xff")
+    assert kept("^caf\u00e9$", "caf\u00e9".encode()) and not kept("^caf$", "caf\u00e9".encode())
+    # The pattern that backtracks exponentially in Python's re, and the hostile client_id.
+    assert kept("(a+)+$", b"aaa") and not kept("(a+)+$", b"aaa!")
+    assert kept("(a+)+$", b"a" * 10_000 + b"!")          # its first characters are all 'a'
+    # The glob filter sees the same bounded client_id.
+    glob = CaptureFilter(client_id="*y").compile()
+    assert not glob.request_ok(1, api_versions_event(b"x" * MATCHED_CLIENT_ID_CHARS + b"y"))
+
+
+@pytest.mark.parametrize("pattern,message", [
+    (r"(a)\1", r"invalid escape sequence: \1"),
+    (r"(?=a)b", "invalid perl operator: (?="),
+    (r"(?<!a)b", "invalid perl operator: (?<!"),
+    (r"a\Z", r"invalid escape sequence: \Z"),
+    (r"(", "missing ): ("),
+    (r"(.{0,50}){20}z", "too large to run on every request"),
+])
+def test_client_id_regex_refuses_what_re2_cannot_match_in_linear_time(pattern, message):
+    expected = "^" + re.escape(f"capture.filter.client_id_regex: {message}")
+    with pytest.raises(ValueError, match=expected):
+        CaptureFilter.from_dict({"client_id_regex": pattern})
+    with pytest.raises(ValueError, match=expected):
+        CaptureConfig.from_dict({"directory": "d", "filter": {"client_id_regex": pattern}})
 
 
 def test_filter_settings_are_validated():

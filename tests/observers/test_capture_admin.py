@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import secrets
+import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -23,7 +25,8 @@ import pytest
 
 from kproxy import config as kconfig
 from kproxy.observers.capture.files import FileSet, directory_in_root, open_directory
-from tests.proxy.harness import ProxyThread, free_port
+from tests.proxy.harness import ProxyProcess, ProxyThread, free_port
+from tests.proxy.wire import API_VERSIONS, API_VERSIONS_FIELDS, RawClient
 
 TOKEN = secrets.token_hex(24)
 
@@ -105,6 +108,62 @@ def test_capture_over_the_admin_listener(kafka_cluster, tmp_path):
     assert any(r["api_name"] == "Produce" and topic in r["topics"] for r in rows)
     written = [line for line in metrics.splitlines() if line.startswith("kproxy_capture_rows_written_total ")]
     assert written and float(written[0].split()[1]) >= len(rows) > 0
+
+
+# A request answered within this on an idle broker, however loaded the machine is: a
+# liveness bound (the proxy still serves others), not a latency target.
+CANARY_BOUND_S = 2.0
+HOSTILE_CLIENT_ID = "a" * 10_000 + "!"
+
+
+def test_a_client_id_cannot_make_a_capture_filter_freeze_the_proxy(kafka_cluster, root):
+    """``(a+)+$`` backtracks exponentially in Python's ``re`` on a long run of 'a' that ends
+    otherwise; with RE2 it is linear, and only a client_id's first characters are looked at.
+    kproxy runs in a process of its own: frozen, it would hold the test's interpreter lock."""
+    with ProxyProcess(upstream=kafka_cluster.bootstrap_servers, capture_root=str(root),
+                      admin_token=TOKEN, shutdown_timeout=5.0) as proxy:
+        status, body = call(proxy.admin_url + "/capture/start",
+                            {"formats": ["jsonl"], "filter": {"client_id_regex": "(a+)+$"}})
+        assert status == 200, body
+        stop = threading.Event()
+        hostile_answers = []
+        hostile_errors = []
+
+        def attack():
+            client = RawClient(proxy.bootstrap, client_id=HOSTILE_CLIENT_ID)
+            try:
+                while not stop.is_set():
+                    hostile_answers.append(client.roundtrip(API_VERSIONS, 3, **API_VERSIONS_FIELDS))
+            except OSError as exc:
+                hostile_errors.append(exc)
+            finally:
+                client.close()
+
+        attacker = threading.Thread(target=attack, daemon=True)
+        attacker.start()
+        try:
+            wait_for_answers = time.monotonic() + CANARY_BOUND_S * 5
+            while not hostile_answers and not hostile_errors and time.monotonic() < wait_for_answers:
+                time.sleep(0.05)
+            canary = RawClient(proxy.bootstrap, client_id="aaa")
+            canary.sock.settimeout(CANARY_BOUND_S)
+            other = RawClient(proxy.bootstrap, client_id="bbb")
+            for _ in range(20):
+                started = time.monotonic()
+                assert canary.roundtrip(API_VERSIONS, 3, **API_VERSIONS_FIELDS).body.error_code == 0
+                assert time.monotonic() - started < CANARY_BOUND_S
+                other.roundtrip(API_VERSIONS, 3, **API_VERSIONS_FIELDS)
+            canary.close()
+            other.close()
+        finally:
+            stop.set()
+            attacker.join(CANARY_BOUND_S * 5)
+        assert hostile_answers and not hostile_errors, hostile_errors
+        assert call(proxy.admin_url + "/capture/stop", {})[0] == 200
+    rows = [json.loads(line) for f in root.glob("*.jsonl") for line in f.read_text().splitlines()]
+    # Kept: the canary, and the hostile client (its first 256 characters are all 'a').
+    assert {r["client_id"] for r in rows} == {"aaa", HOSTILE_CLIENT_ID}
+    assert sum(r["client_id"] == "aaa" for r in rows) == 20
 
 
 def test_the_size_cap_deletes_only_files_this_capture_wrote(kafka_cluster, root):
@@ -288,6 +347,10 @@ def test_a_symbolic_link_swapped_in_after_the_check_is_not_followed(tmp_path):
     (b'{"writer_cpu_share": NaN}', "capture.writer_cpu_share: expected a finite number"),
     ({"prefix": "../app"}, "capture.prefix:"),
     ({"prefix": "a" * 101}, "capture.prefix:"),
+    # Patterns RE2 cannot match in linear time, and one too large to run on every request.
+    ({"filter": {"client_id_regex": r"(a)\1"}}, "capture.filter.client_id_regex: invalid escape"),
+    ({"filter": {"client_id_regex": "(?=a)b"}}, "capture.filter.client_id_regex: invalid perl operator"),
+    ({"filter": {"client_id_regex": "(.{0,50}){20}z"}}, "capture.filter.client_id_regex: too large"),
 ])
 def test_absurd_capture_settings_get_a_clear_400(admin, root, body, message):
     status, answer = call(admin + "/capture/start", body)

@@ -1,6 +1,7 @@
 """Real kproxies and the things tests put around them.
 
 - ``ProxyThread``: a Runtime on its own event-loop thread, for tests driving blocking clients;
+- ``ProxyProcess``: a ``ProxyThread`` in a spawned process, for tests that may freeze its loop;
 - ``KproxyProcess``: ``kproxy run`` in a process of its own (its memory, its limits, its workers);
 - ``silent_port``: a broker that accepts connections and never answers;
 - ``Traffic``: a producer and a group consumer on threads of their own, counting what got through
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -164,6 +166,58 @@ class ProxyThread:
     def served_broker_addresses(self) -> set[tuple[str, int]]:
         """The broker addresses kproxy hands out now (gateway: listeners it has bound)."""
         return set(self.runtime.proxy.broker_addresses().values())
+
+
+def _serve_in_child(settings: dict, conn) -> None:
+    """``ProxyProcess``'s child: a ProxyThread until the parent says stop (or goes away)."""
+    with ProxyThread(**settings) as proxy:
+        conn.send((proxy.bootstrap, proxy.admin_url))
+        try:
+            conn.recv()
+        except EOFError:
+            pass
+
+
+class ProxyProcess:
+    """``with ProxyProcess(**settings) as proxy:`` a ``ProxyThread`` in a process of its own.
+
+    For a test whose failure is a frozen event loop: a loop stuck in C code (a regular
+    expression backtracking) holds the interpreter lock, so in the test's own process
+    nothing would run again, the test's assertions and timeouts included. Here the test
+    fails, and the child is killed. The OS picks every port, as for ``ProxyThread``.
+    """
+
+    def __init__(self, **settings):
+        self.settings = settings
+        self._context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = self._context.Pipe()
+        self.process = self._context.Process(target=_serve_in_child, args=(settings, child_conn),
+                                             daemon=True, name="kproxy-child")
+        self.bootstrap = self.admin_url = None
+
+    def __enter__(self) -> "ProxyProcess":
+        self.process.start()
+        try:
+            if not self._conn.poll(PROCESS_START_TIMEOUT_S):
+                raise AssertionError(f"kproxy did not start within {PROCESS_START_TIMEOUT_S:g}s")
+            self.bootstrap, self.admin_url = self._conn.recv()
+        except BaseException:
+            self.process.kill()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._conn.send(None)
+        except OSError:
+            pass                                    # the child is gone already
+        self.process.join(PROCESS_STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+            if exc is None:
+                raise AssertionError(f"kproxy did not stop within {PROCESS_STOP_TIMEOUT_S:g}s "
+                                     f"(its event loop is stuck); killed")
 
 
 @contextmanager

@@ -24,7 +24,7 @@ import pytest
 from kproxy.observers import live as live_module
 from kproxy.proxy import live_web
 from tests.proxy.harness import ProxyThread
-from tests.proxy.live_page import TOKEN, WAIT_MS, open_page
+from tests.proxy.live_page import TOKEN, WAIT_MS, open_page, wait_until
 
 SCREENSHOT_ENV = "KPROXY_LIVE_SCREENSHOT"
 
@@ -162,6 +162,33 @@ def test_capture_start_and_stop_from_the_page_write_files(browser, proxy, tmp_pa
     assert listed == [str(written[0])]
     rows = [json.loads(line) for line in written[0].read_text().splitlines()]
     assert sum(1 for r in rows if r["api_name"] == "Produce" and r["client_id"] == "live-capture") == 3
+
+
+def capture_api(proxy, path: str, body: dict) -> dict:
+    """POST to the capture API with the admin token, as a script or another page would."""
+    request = urllib.request.Request(proxy.admin_url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_the_capture_panel_follows_a_capture_started_elsewhere(browser, proxy, tmp_path):
+    """Started and stopped over the API, not from the page: the panel shows both, and
+    the rows written, without a reload."""
+    page = open_page(browser, proxy)
+    try:
+        page.wait_for_selector("[data-testid=capture-status][data-state=off], "
+                               "[data-testid=capture-status][data-state=stopped]", timeout=WAIT_MS)
+        assert capture_api(proxy, "/capture/start", {"formats": ["jsonl"], "directory": "from-the-api"})["active"]
+        page.wait_for_selector("[data-testid=capture-status][data-state=running]", timeout=WAIT_MS)
+        produce_one_by_one(proxy, f"api-cap-{uuid.uuid4().hex[:6]}", 3, client_id="api-capture")
+        written = capture_api(proxy, "/capture/stop", {})["counters"]["rows_written"]
+        assert written >= 3
+        page.wait_for_selector("[data-testid=capture-status][data-state=stopped]", timeout=WAIT_MS)
+        wait_until(lambda: f"{written} rows written in total" in page.inner_text("#capture-status"),
+                   "the panel to show the rows the capture wrote")
+    finally:
+        page.close()
 
 
 def test_without_the_token_the_page_shows_nothing(browser, proxy, tmp_path):

@@ -21,6 +21,7 @@ import logging
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import textwrap
@@ -36,6 +37,8 @@ from pathlib import Path
 import pytest
 
 from kproxy import config as config_module
+from kproxy.embedded import recv_exactly
+from kproxy.protocol import decode_response
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy.server import Proxy
 from kproxy.proxy.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
@@ -45,7 +48,11 @@ from tests.proxy.cluster import (
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
     assert_no_upstream_address, create_topic, leads_again, port_free_on, stop_partition_0_leader,
     topic_name, upstream_addresses)
+from tests.observers.metrics import sample, scrape
 from tests.proxy.harness import GROUP_TIMEOUTS, ProxyThread, Traffic, kafka_python_group_consumer, wait_for
+from tests.proxy.wire import (API_VERSIONS, API_VERSIONS_FIELDS, FETCH, FETCH_VERSION, RESPONSE_TIMEOUT_S,
+                              close_reasons, create_topic as create_one_partition_topic, fetch_fields,
+                              relay_count, relay_states, request_frame)
 
 TEMPLATE = f"broker-{{node_id}}.{SNI_DOMAIN}"
 BOOTSTRAP_NAME = f"bootstrap.{SNI_DOMAIN}"
@@ -287,19 +294,125 @@ def test_unknown_or_missing_server_names_are_refused(pki, caplog):
             assert handshake(address, pki, unknown) != "ok"
         assert handshake(address, pki, f"broker-01.{SNI_DOMAIN}") != "ok"
         assert handshake(address, pki, None) != "ok"
-        # Control: served names complete the handshake (the broker behind them is unreachable).
+        # Control: names kproxy serves complete the handshake (the broker behind them is
+        # unreachable); so does a broker name while kproxy has yet to ask the cluster whether
+        # it has the node (it cannot: refused after the handshake, see test_sni_cluster).
         assert handshake(address, pki, f"broker-1.{SNI_DOMAIN}") == "ok"
         assert handshake(address, pki, BOOTSTRAP_NAME.upper()) == "ok"
-        refused = metric(proxy.admin_url, "kproxy_sni_refused_total")
+        refused = wait_for(lambda: (lambda m: m if m['{reason="unknown_node"}'] else None)(
+            metric(proxy.admin_url, "kproxy_sni_refused_total")), HANDSHAKE_TIMEOUT_S, "the refusal")
         assert refused == {'{reason="unknown_name"}': 4.0, '{reason="no_name"}': 1.0,
-                           '{reason="other_node"}': 0.0}
+                           '{reason="other_node"}': 0.0, '{reason="unknown_node"}': 1.0}
         # An SNI refusal is said once, as such: not also as a failed TLS handshake.
         assert not any(metric(proxy.admin_url, "kproxy_tls_handshake_failures_total").values())
     assert not [r for r in caplog.records if "TLS handshake with a client failed" in r.getMessage()]
     lines = [r.getMessage() for r in caplog.records if "refusing a TLS connection" in r.getMessage()]
-    assert len(lines) == 3, lines                    # the same name again is not logged
+    assert len(lines) == 4, lines                    # the same name again is not logged
     assert f"server name '{unknown}' is neither the bootstrap name '{BOOTSTRAP_NAME}'" in lines[0]
     assert "no server name (SNI) was sent" in lines[2]
+    assert f"server name 'broker-1.{SNI_DOMAIN}' names node 1, which kproxy does not serve" in lines[3]
+
+
+# ---------------------------------------------------------------- live, one broker: made-up nodes, half-close
+
+UNSERVED_HANDSHAKES = 2_000          # the default suite's run; the soak's is SOAK_UNSERVED_HANDSHAKES
+SOAK_UNSERVED_HANDSHAKES = 10_000
+HANDSHAKE_THREADS = 8                # clients handshaking at once
+FIRST_MADE_UP_NODE = 1000            # broker-1000... : nodes the one-node cluster does not have
+LONG_POLL_MS = 20_000                # a Fetch the broker holds: far longer than closing takes
+
+
+@contextmanager
+def tls_to(address: tuple[str, int], pki, server_name: str) -> Iterator[ssl.SSLSocket]:
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    raw = socket.create_connection(address, timeout=RESPONSE_TIMEOUT_S)
+    with context.wrap_socket(raw, server_hostname=server_name) as tls:
+        yield tls
+
+
+def tls_request(tls: ssl.SSLSocket, api_key: int, version: int, correlation_id: int, **fields) -> None:
+    tls.sendall(request_frame(api_key, version, correlation_id, **fields))
+
+
+def tls_response(tls: ssl.SSLSocket, api_key: int, version: int):
+    size, = struct.unpack(">i", recv_exactly(tls, 4))
+    return decode_response(recv_exactly(tls, size), api_key, version)
+
+
+def api_versions_answered(address, pki, server_name: str) -> bool:
+    with tls_to(address, pki, server_name) as tls:
+        tls_request(tls, API_VERSIONS, 3, 1, **API_VERSIONS_FIELDS)
+        return tls_response(tls, API_VERSIONS, 3).body.error_code == 0
+
+
+@pytest.fixture
+def sni_gateway(kafka_cluster, pki, kproxy_log):
+    """An SNI kproxy in front of the session's one-node Kafka."""
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, routing="sni", sni_host_template=TEMPLATE,
+                     sni_bootstrap_host=BOOTSTRAP_NAME, tls_server=sni_tls_server(pki),
+                     shutdown_timeout=5.0) as proxy:
+        yield proxy
+
+
+def made_up_nodes_leave_metrics_flat(sni_gateway, kafka_cluster, pki, count: int) -> None:
+    address = sni_gateway.runtime.proxy.bootstrap_address
+    node = kafka_cluster.nodes[0].node_id
+    # Every series a served connection makes, made once (opened, closed by the client).
+    for name in (BOOTSTRAP_NAME, name_of(node)):
+        assert api_versions_answered(address, pki, name)
+    wait_for(lambda: not relay_count(sni_gateway), RESPONSE_TIMEOUT_S, "the served connections to close")
+    before = scrape(sni_gateway)
+    with concurrent.futures.ThreadPoolExecutor(HANDSHAKE_THREADS) as pool:
+        outcomes = list(pool.map(lambda i: handshake(address, pki, name_of(FIRST_MADE_UP_NODE + i)),
+                                 range(count)))
+    wait_for(lambda: not relay_count(sni_gateway), RESPONSE_TIMEOUT_S, "the connections to close")
+    grown = set(scrape(sni_gateway)) - set(before)
+    assert not grown, f"{len(grown)} new series, e.g. {sorted(grown)[:5]}"
+    after = wait_for(lambda: (lambda m: m if sample(m, "kproxy_sni_refused_total", reason="unknown_node")
+                              >= count else None)(scrape(sni_gateway)),
+                     RESPONSE_TIMEOUT_S, "every handshake to be counted as refused")
+    assert set(after) == set(before), sorted(set(after) ^ set(before))[:10]
+    assert sample(after, "kproxy_sni_refused_total", reason="unknown_node") == count
+    # Those that completed the handshake (kproxy had to ask the cluster first) were closed
+    # without a connection counted, the others refused in it.
+    assert sample(after, "kproxy_connections_opened_total", listener="bootstrap") == \
+        sample(before, "kproxy_connections_opened_total", listener="bootstrap")
+    assert outcomes.count("ok") < count, "every made-up name completed its handshake"
+    assert api_versions_answered(address, pki, name_of(node))        # still served
+
+
+def test_names_of_nodes_the_cluster_lacks_are_refused_and_grow_no_series(sni_gateway, kafka_cluster, pki):
+    """``broker-1000...`` on a one-node cluster: each refused (counted as ``unknown_node``),
+    no ``listener`` label per name: the set of /metrics series does not change."""
+    made_up_nodes_leave_metrics_flat(sni_gateway, kafka_cluster, pki, UNSERVED_HANDSHAKES)
+
+
+@pytest.mark.soak
+def test_soak_names_of_nodes_the_cluster_lacks(sni_gateway, kafka_cluster, pki):
+    made_up_nodes_leave_metrics_flat(sni_gateway, kafka_cluster, pki, SOAK_UNSERVED_HANDSHAKES)
+
+
+def test_a_tls_client_that_half_closes_is_closed_without_asyncio_warnings(sni_gateway, kafka_cluster, pki,
+                                                                         kproxy_log):
+    """asyncio's TLS transport cannot stay open for writing after the client's close_notify
+    (it closes whatever ``eof_received`` returns, and warns if it returns True): kproxy
+    closes the connection there, its long-poll unanswered, without the warning."""
+    topic = create_one_partition_topic(kafka_cluster.bootstrap_servers)
+    address = sni_gateway.runtime.proxy.bootstrap_address
+    with tls_to(address, pki, name_of(kafka_cluster.nodes[0].node_id)) as tls:
+        tls_request(tls, API_VERSIONS, 3, 1, **API_VERSIONS_FIELDS)
+        assert tls_response(tls, API_VERSIONS, 3).body.error_code == 0
+        tls_request(tls, FETCH, FETCH_VERSION, 2, **fetch_fields(topic, 0, max_wait_ms=LONG_POLL_MS))
+        wait_for(lambda: any(s.in_flight for s in relay_states(sni_gateway)), RESPONSE_TIMEOUT_S,
+                 "the long-poll to be in flight")
+        started = time.monotonic()
+        tls.unwrap()                    # close_notify; returns on kproxy's own close_notify
+        assert time.monotonic() - started < LONG_POLL_MS / 1000, "closed only when the poll ended"
+    wait_for(lambda: not relay_count(sni_gateway), RESPONSE_TIMEOUT_S, "the connection to close")
+    assert any("reason=client closed" in line for line in close_reasons(kproxy_log)), \
+        close_reasons(kproxy_log)
+    warnings = [r.getMessage() for r in kproxy_log.records if r.name == "asyncio"]
+    assert not warnings, warnings
 
 
 # ---------------------------------------------------------------- live: how clients resolve

@@ -46,9 +46,11 @@ ADMIN_TIMEOUT_S = 30.0
 
 # ---------------------------------------------------------------- raw Kafka client
 
-def request_frame(api_key: int, version: int, correlation_id: int, **fields) -> bytes:
+def request_frame(api_key: int, version: int, correlation_id: int, *,
+                  header_client_id: str | None = CLIENT_ID, **fields) -> bytes:
+    """A request frame; ``fields`` are the body's, ``header_client_id`` the header's client_id."""
     body = new_body("request", api_key, version, **fields)
-    return framed(encode_request(Request(api_key, version, correlation_id, CLIENT_ID, body)))
+    return framed(encode_request(Request(api_key, version, correlation_id, header_client_id, body)))
 
 
 def fetch_fields(topic: str, offset: int = 0, *, max_wait_ms: int = 500, min_bytes: int = 1,
@@ -65,9 +67,12 @@ def address(text: str) -> tuple[str, int]:
 
 
 class RawClient:
-    """A blocking Kafka client on a bare socket: exactly the bytes a test wants, no retries."""
+    """A blocking Kafka client on a bare socket: exactly the bytes a test wants, no retries.
+    ``client_id``: the one its request headers carry."""
 
-    def __init__(self, target: str | tuple[str, int], rcvbuf: int | None = None):
+    def __init__(self, target: str | tuple[str, int], rcvbuf: int | None = None,
+                 client_id: str | None = CLIENT_ID):
+        self.client_id = client_id
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -83,7 +88,7 @@ class RawClient:
     def send_request(self, api_key: int, version: int, **fields) -> int:
         correlation_id = next(self._ids)
         self._pending.append((correlation_id, api_key, version))
-        self.send(request_frame(api_key, version, correlation_id, **fields))
+        self.send(request_frame(api_key, version, correlation_id, header_client_id=self.client_id, **fields))
         return correlation_id
 
     def _recv_exactly(self, size: int) -> bytes:

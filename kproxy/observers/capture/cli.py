@@ -195,7 +195,10 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
     topics: Counter = Counter()
     outcomes: Counter = Counter()
     connections = set()                 # (proxy_instance, connection_id): ids are per kproxy process
-    software: dict[tuple, tuple] = {}   # connection -> (client_software_name, client_software_version)
+    # connection -> (time, (client_software_name, client_software_version)) of its latest row
+    # naming software: each row carries its connection's software as of that pair, so the
+    # latest is the connection's (client_software.software_named: Kafka's rule).
+    software: dict[tuple, tuple] = {}
     connection_clients: dict[tuple, set] = defaultdict(set)
     has_software = False                # schema version 2+ rows seen
     writers: dict[tuple, list] = defaultdict(lambda: [0, 0])   # (topic, principal) -> [pairs, records]
@@ -224,8 +227,10 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
         if "client_software_name" in row:
             has_software = True
             name, version = row["client_software_name"], row.get("client_software_version")
-            if (name or version) and connection not in software:
-                software[connection] = (name, version)
+            if name or version:
+                t, latest = row.get("time"), software.get(connection)
+                if latest is None or t is None or latest[0] is None or t >= latest[0]:
+                    software[connection] = (t, (name, version))
         if row.get("client_id"):
             connection_clients[connection].add(row["client_id"])
         if "principal" in row:
@@ -245,7 +250,8 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
             "request_bytes": request_bytes, "response_bytes": response_bytes, "apis": per_api,
             "errors": dict(errors.most_common()), "outcomes": dict(outcomes.most_common()),
             "top_clients": clients.most_common(top), "top_topics": topics.most_common(top),
-            "client_software": (_software_inventory(connections, software, connection_clients)
+            "client_software": (_software_inventory(connections, {c: named for c, (_, named) in software.items()},
+                                                    connection_clients)
                                 if has_software else None),
             "topic_writers": ([{"topic": topic, "principal": principal, "pairs": n, "records": records}
                                for (topic, principal), (n, records) in sorted(

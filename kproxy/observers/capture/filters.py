@@ -6,6 +6,14 @@ Filters run in two places, chosen by cost:
   O(1)): the client address (decided once per connection and cached), the
   API, the client_id (read from the request header without decoding the
   body) and sampling.
+
+The client_id is chosen by the client, so matching it must cost a bounded
+time whatever it holds: ``client_id_regex`` is compiled with RE2 (linear in
+the text, no backtracking; patterns RE2 cannot run in linear time, such as
+backreferences and lookaround, are refused when the filter is set), its
+compiled size is capped, and only the first ``MATCHED_CLIENT_ID_CHARS``
+characters of a client_id are matched. Globs are Python's ``fnmatch``, which
+translates ``*`` into atomic groups (no backtracking across stars).
 - On the writer thread, after decoding: topics (they need the body).
 
 Sampling is a hash of (connection id, correlation id), so a request and its
@@ -21,13 +29,48 @@ import re
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
+
+import re2
 
 from ...protocol import schema
 
 _I16 = struct.Struct(">h")
 _MASK64 = (1 << 64) - 1
 _CONTROLLED_SHUTDOWN = 7
+
+# Filters match at most this many characters of a client_id (the rest is not looked at).
+# A client chooses its client_id (up to 32,767 bytes on the wire) and every request
+# carries it, so the match runs on the event loop for each one: RE2's worst case is
+# linear in text x pattern, and a pattern near MAX_REGEX_PROGRAM_SIZE took up to 3 ms
+# per 1,000 characters (measured). Real client ids are far shorter (Java's "producer-1", librdkafka's
+# "rdkafka", Kafka Streams' "<application.id>-<uuid>-StreamThread-1-consumer").
+MATCHED_CLIENT_ID_CHARS = 256
+# The largest compiled client_id_regex (RE2's program size, ~ one instruction per
+# character class or literal; repetition counts multiply it). "billing-.*" is 20 and
+# "[a-q][^u-z]{13}x" 110; "(.{0,50}){20}z" is 9,045 and takes 16 ms per 256-character
+# client_id: a pattern past this bound is a mistake or an attack, not a client filter.
+MAX_REGEX_PROGRAM_SIZE = 500
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False            # a refused pattern is the caller's 400, not a stderr line
+
+
+def compile_regex(pattern: str, key: str) -> Callable[[str], Any]:
+    """An operator's pattern as RE2's ``search``; ValueError naming ``key`` if RE2 cannot
+    run it in linear time (backreferences, lookaround) or it is too large."""
+    try:
+        compiled = re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else "invalid"
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise ValueError(f"{key}: {reason} (patterns are RE2 syntax, matched in linear time: "
+                         f"no backreferences or lookaround; \\z for the end of text)") from None
+    if compiled.programsize > MAX_REGEX_PROGRAM_SIZE:
+        raise ValueError(f"{key}: too large to run on every request (RE2 program size "
+                         f"{compiled.programsize}, at most {MAX_REGEX_PROGRAM_SIZE}); "
+                         f"use a simpler pattern")
+    return compiled.search
 
 
 def sample_hash(connection_id: int, correlation_id: int) -> float:
@@ -42,18 +85,34 @@ def sample_hash(connection_id: int, correlation_id: int) -> float:
     return x / 18446744073709551616.0
 
 
-def header_client_id(frame) -> str | None:
-    """The client_id of a request frame, read from the header alone (no body decoding)."""
+def _client_id_span(frame) -> tuple[int, int] | None:
+    """Where a request frame's client_id lies (start, length), from the header alone."""
     try:
         api_key, api_version = struct.unpack_from(">hh", frame, 0)
         if api_key == _CONTROLLED_SHUTDOWN and api_version == 0:
             return None                      # request header v0: no client_id
         n, = _I16.unpack_from(frame, 8)
-        if n < 0:
-            return None
-        return str(frame[10:10 + n], "utf-8", "surrogateescape")
-    except (struct.error, IndexError, TypeError):
+    except (struct.error, TypeError):
         return None
+    return None if n < 0 else (10, n)
+
+
+def header_client_id(frame) -> str | None:
+    """The client_id of a request frame, read from the header alone (no body decoding)."""
+    span = _client_id_span(frame)
+    return None if span is None else str(frame[span[0]:span[0] + span[1]], "utf-8", "surrogateescape")
+
+
+def matched_client_id(frame) -> str:
+    """What filters match of a request's client_id: its first ``MATCHED_CLIENT_ID_CHARS``
+    characters, invalid UTF-8 as U+FFFD (RE2 takes valid text only); "" when it has none."""
+    span = _client_id_span(frame)
+    if span is None:
+        return ""
+    # 4 bytes is the longest UTF-8 character: enough bytes for the characters kept.
+    start, n = span
+    return str(frame[start:start + min(n, 4 * MATCHED_CLIENT_ID_CHARS)], "utf-8",
+               "replace")[:MATCHED_CLIENT_ID_CHARS]
 
 
 @dataclass(frozen=True)
@@ -61,7 +120,7 @@ class CaptureFilter:
     """What to keep. Empty means everything.
 
     ``apis``: API names (``"Produce"``) or keys; ``client_id``: a glob
-    (``"billing-*"``); ``client_id_regex``: a regular expression, searched;
+    (``"billing-*"``); ``client_id_regex``: a regular expression in RE2 syntax, searched;
     ``clients``: client addresses as CIDR (``10.0.0.0/8``), IP or host name
     (resolved when the capture starts); ``topics``: topic names or globs (a
     pair is kept if its request or response names a matching topic; topic
@@ -113,10 +172,7 @@ class CaptureFilter:
             raise ValueError(f"{key}.sample: must be > 0 and <= 1, got {self.sample}")
         _api_keys(self.apis, f"{key}.apis")
         if self.client_id_regex is not None:
-            try:
-                re.compile(self.client_id_regex)
-            except re.error as exc:
-                raise ValueError(f"{key}.client_id_regex: {exc}") from None
+            compile_regex(self.client_id_regex, f"{key}.client_id_regex")
         for entry in self.clients:
             _parse_client(entry, f"{key}.clients", resolve=False)
 
@@ -196,7 +252,7 @@ class CompiledFilter:
         if spec.client_id is not None:
             patterns.append(re.compile(fnmatch.translate(spec.client_id)).match)
         if spec.client_id_regex is not None:
-            patterns.append(re.compile(spec.client_id_regex).search)
+            patterns.append(compile_regex(spec.client_id_regex, "capture.filter.client_id_regex"))
         self.client_id_patterns = patterns or None
         self.networks: list[Network] = []
         self.client_names: set[str] = set()
@@ -229,7 +285,7 @@ class CompiledFilter:
         if self.sample is not None and sample_hash(connection_id, request.correlation_id) >= self.sample:
             return False
         if self.client_id_patterns is not None:
-            client_id = header_client_id(request.frame) or ""
+            client_id = matched_client_id(request.frame)
             if not any(p(client_id) for p in self.client_id_patterns):
                 return False
         return True

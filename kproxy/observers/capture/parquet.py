@@ -45,8 +45,8 @@ topic_records            list<struct<topic: string,        per-topic records and
 decode_error             string, null                      why a frame could not be decoded
 proxy_instance           string, null (v2)                 kproxy's instance_name (default: host name)
 connection_start         timestamp[us, tz=UTC], null (v2)  when kproxy accepted the client connection
-client_software_name     string, null (v2)                 from the connection's ApiVersions v3+ request,
-                                                           on that row and every later one
+client_software_name     string, null (v2)                 the connection's client software as of this pair:
+                                                           its latest ApiVersions v3+ the broker accepted
 client_software_version  string, null (v2)                 (same)
 group_id                 string, null (v2)                 group APIs: the group (first of a batch)
 member_id                string, null (v2)                 the member the broker knows

@@ -14,6 +14,7 @@ from __future__ import annotations
 import queue
 import time
 
+from ...protocol.client_software import FIRST_NAMING_VERSION
 from ...protocol.connection import (MalformedFrame, RequestReceived, ResponseReceived,
                                     SaslTokenPassed)
 from .config import CaptureConfig
@@ -21,7 +22,6 @@ from .writer import STOP, Writer
 
 _METADATA = 3
 _API_VERSIONS = 18
-_FIRST_SOFTWARE_VERSION = 3     # ApiVersions v3+ requests name the client software
 _SASL_KEYS = (17, 36)           # SaslHandshake, SaslAuthenticate: they name the principal
 _ITEM_OVERHEAD = 200            # bytes charged per queued item besides its frames
 
@@ -112,7 +112,7 @@ class Session:
                     capture.filtered += 1
                 elif self.learn_software and (request.api_key in _SASL_KEYS or (
                         request.api_key == _API_VERSIONS
-                        and request.api_version >= _FIRST_SOFTWARE_VERSION)):
+                        and request.api_version >= FIRST_NAMING_VERSION)):
                     self._put("learn", info, event, None, event.held_size + request.held_size + _ITEM_OVERHEAD)
                     capture.filtered += 1
                 else:

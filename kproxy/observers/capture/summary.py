@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from ...protocol import DecodeError, Struct, error_name, schema
+from ...protocol.client_software import ClientSoftware
 from ...protocol.pair_fields import (API_VERSIONS, PAIR_COLUMNS, PAIR_FIELDS,  # noqa: F401 (re-exported)
                                      pair_fields)
 from ...protocol.records import iter_batches
@@ -193,13 +194,20 @@ def _records(blob, facts: Facts, topic: str) -> None:
 
 # ---------------------------------------------------------------- rows
 
+def fill_client_software(row: dict, software: ClientSoftware | None) -> None:
+    """A row's client software columns: its connection's software as of that pair
+    (``client_software.software_named``: the latest ApiVersions v3+ the broker accepted)."""
+    row["client_software_name"] = software.name if software is not None else None
+    row["client_software_version"] = software.version if software is not None else None
+
+
 def build_row(info, request, response, outcome: str, wall_offset: float,
               topic_names: dict[str, str], bodies: bool, include_record_data: bool,
               proxy_instance: str | None = None) -> tuple[dict, Facts]:
     """The row for one pair. ``request`` is a RequestReceived, ``response`` a ResponseReceived or None.
 
-    ``client_software_*`` are this pair's own (ApiVersions v3+); carrying them to the
-    connection's later rows is the writer's job, which knows the connection.
+    ``client_software_*`` are this pair's own (ApiVersions v3+); the writer, which knows
+    the connection, replaces them with the connection's (``fill_client_software``).
     """
     decoded = request.request
     client_id = decoded.client_id if decoded is not None else header_client_id(request.frame)

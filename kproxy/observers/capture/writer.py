@@ -42,9 +42,11 @@ from .files import FileSet
 from .jsonl import JsonlSink
 from .pcapng import PcapngSink
 from .redact import scrub_frame
+from ...protocol.client_software import ClientSoftware, software_named
+from ...protocol.pair_fields import API_VERSIONS
 from ...protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
-from .summary import (API_VERSIONS, OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, OUTCOME_UNANSWERED,
-                      Facts, body_facts, build_row, pair_fields)
+from .summary import (OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, OUTCOME_UNANSWERED,
+                      Facts, body_facts, build_row, fill_client_software)
 
 log = logging.getLogger("kproxy.capture")
 
@@ -65,9 +67,9 @@ class _Conn:
     def __init__(self, info):
         self.info = info
         self.pending: deque = deque()        # (RequestReceived, written to pcapng?)
-        # (client_software_name, client_software_version) from the connection's ApiVersions
-        # v3+ request: filled on every later row of the connection.
-        self.software: tuple[str | None, str | None] | None = None
+        # The connection's client software (client_software.software_named: its latest
+        # accepted ApiVersions v3+), filled on every later row of the connection.
+        self.software: ClientSoftware | None = None
         self.sasl: SaslPrincipal | None = None    # its SASL exchange, once it starts one
 
 
@@ -232,9 +234,9 @@ class Writer(threading.Thread):
                 self._follow_sasl(self._conn(info), payload.request_event, payload)
                 return
             if payload.api_key == API_VERSIONS:
-                request = payload.request_event.request
-                if request is not None:
-                    self._remember_software(self._conn(info), pair_fields(API_VERSIONS, request.body, None))
+                named = software_named(payload)
+                if named is not None:
+                    self._conn(info).software = named
                 return
             response = payload.response
             if response is not None:
@@ -302,7 +304,7 @@ class Writer(threading.Thread):
             built, facts = build_row(info, request, response, outcome, self.wall_offset,
                                      self.topic_names, self.jsonl is not None and self.config.include_bodies,
                                      self.config.include_record_data, self.instance)
-            self._remember_software(conn, built)
+            self._with_software(conn, response, built)
             if request.api_key in SASL_KEYS and response is not None:
                 self._follow_sasl(conn, request, response)
             if conn.sasl is not None and conn.sasl.principal is not None:
@@ -334,13 +336,15 @@ class Writer(threading.Thread):
         conn.sasl.observe(request.api_key, decoded.body, answer.body)
 
     @staticmethod
-    def _remember_software(conn: _Conn, row: dict) -> None:
-        """Keep the client software a row names for the connection, or fill it from there."""
-        name, version = row["client_software_name"], row["client_software_version"]
-        if name is not None or version is not None:
-            conn.software = (name, version)
-        elif conn.software is not None:
-            row["client_software_name"], row["client_software_version"] = conn.software
+    def _with_software(conn: _Conn, response, row: dict) -> None:
+        """Follow the connection's client software (an accepted ApiVersions v3+ names it
+        from this pair on) and put it on the row: every row carries its connection's
+        software as of that pair (a refused ApiVersions row: the one before)."""
+        if response is not None:
+            named = software_named(response)
+            if named is not None:
+                conn.software = named
+        fill_client_software(row, conn.software)
 
     def _pcap_frame(self, info, event, is_request: bool) -> None:
         if event.streamed:       # passed on before this capture began: only its header was kept

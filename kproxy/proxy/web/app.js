@@ -7,6 +7,9 @@
 const MAX_ROWS = 500;            // rows kept in the list: the page never grows without limit
 const MAX_PAUSED = 5000;         // rows held while paused (the oldest go first)
 const OVERVIEW_EVERY_MS = 2000;
+// The capture panel asks /capture this often, running or not: a capture started or
+// stopped elsewhere (the API, another page, capture_autostart) shows within it.
+const CAPTURE_EVERY_MS = 2000;
 const RECONNECT_MS = 2000;
 const TOKEN_KEY = "kproxy-admin-token";
 
@@ -348,11 +351,16 @@ async function refreshOverview() {
 
 // ------------------------------------------------------------------ capture control (the /capture API)
 
+let captureTimer = null;
 async function refreshCapture() {
-  try {
-    const r = await call("/capture");
-    showCapture(await r.json());
-  } catch (e) { /* refused */ }
+  clearTimeout(captureTimer);          // one polling loop, however often start() runs
+  if (!refused) {
+    try {
+      const r = await call("/capture");
+      showCapture(await r.json());
+    } catch (e) { /* refused: the state pill says so */ }
+  }
+  captureTimer = setTimeout(refreshCapture, CAPTURE_EVERY_MS);
 }
 
 function showCapture(s) {
@@ -373,7 +381,6 @@ function showCapture(s) {
   }
   $("#capture-start").disabled = s.state === "running";
   $("#capture-stop").disabled = s.state !== "running";
-  if (s.state === "running") setTimeout(refreshCapture, OVERVIEW_EVERY_MS);
 }
 
 $("#capture-start").addEventListener("click", async () => {
