@@ -100,3 +100,18 @@ def test_first_screen_has_a_quick_start_against_ones_own_cluster():
     first_screen = "\n".join(README.read_text().splitlines()[:40])
     assert "## Quick start" in first_screen
     assert "kproxy run --upstream" in first_screen and "--advertised-host" in first_screen
+
+
+def test_every_metric_is_in_the_readme():
+    """An operator looks a metric up in README: every family kproxy exports (a process's,
+    capture's and the workers' supervisor's) is named there, bar the client library's own."""
+    from kproxy.observers.metrics import Metrics, SupervisorMetrics
+    text = README.read_text()
+    names = {family.name for registry in (Metrics(principal_label=True, client_id_label=True,
+                                                  topic_label=True, group_label=True).registry,
+                                          SupervisorMetrics(2).registry)
+             for family in registry.collect()}
+    kproxy_names = {name for name in names if name.startswith("kproxy_")}
+    # prometheus-client names counters without _total; README names them as scraped.
+    missing = {name for name in kproxy_names if name not in text and f"{name}_total" not in text}
+    assert missing == set()
