@@ -234,6 +234,7 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--shutdown-timeout": ("shutdown_timeout", "seconds in-flight requests get on SIGTERM"),
     "--log-level": ("log_level", "DEBUG, INFO, WARNING or ERROR"),
     "--instance-name": ("instance_name", "this kproxy's name in capture rows (default: host name)"),
+    "--audit-file": ("audit_file", "JSON Lines file of the audit trail (cluster changes), rotated"),
     "--workers": ("workers", "worker processes sharing the listener ports (default 1: one process)"),
     "--proxy-protocol": ("proxy_protocol", "off, v1, v2 or any: the Kafka listeners take connections "
                                            "only with a PROXY protocol header (behind a load balancer)"),
