@@ -108,7 +108,7 @@ class Audit:
 
     @staticmethod
     def _outside_commit(request_event) -> bool:
-        request = request_event.partial        # decoded once per event (the metrics read it too)
+        request = request_event.request        # decoded once per event (the metrics read it too)
         return request is not None and not request.is_opaque and is_outside_commit(request.body)
 
     def _enqueue(self, item: tuple) -> None:
