@@ -56,10 +56,13 @@ def acl_cluster(require_kafka):
 class TestAuditTrail:
     def test_kafka_tools_changes_are_audited_with_principal_and_answers(self, acl_cluster, tmp_path, caplog):
         from confluent_kafka import Consumer, Producer
+        from kafka import KafkaAdminClient
+        from kafka.admin import NewTopic
 
         caplog.set_level(logging.INFO, logger="kproxy.audit")
         audit_dir = tmp_path / "audit"
         topic, group = f"audit-{uuid.uuid4().hex[:8]}", f"audit-group-{uuid.uuid4().hex[:8]}"
+        second = f"{topic}-second"
         properties = tmp_path / "client.properties"
         properties.write_text(
             "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
@@ -84,6 +87,15 @@ class TestAuditTrail:
                  "--topic", topic)
             again = tool(tools.topics, "--create", "--topic", topic, "--partitions", "1", check=False)
             assert again.returncode != 0         # it exists: the broker refuses
+            # Another client (kafka-python): two topics at once, one of which exists.
+            admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, client_id="audit-kafka-python",
+                                     security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
+                                     sasl_plain_username=SCRAM_USER, sasl_plain_password=PASSWORD)
+            try:
+                admin.create_topics([NewTopic(topic, 1, 1), NewTopic(second, 1, 1)], raise_errors=False)
+                admin.delete_topics([second])
+            finally:
+                admin.close()
 
             # A group member's own commit: not an audit event.
             client = sasl_config(proxy, "SCRAM-SHA-512")
@@ -114,8 +126,8 @@ class TestAuditTrail:
 
             expected = [("CreateTopics", "ok"), ("IncrementalAlterConfigs", "ok"),
                         ("AlterUserScramCredentials", "ok"), ("CreateAcls", "ok"),
-                        ("CreateTopics", "error"), ("OffsetCommit", "ok"), ("DeleteAcls", "ok"),
-                        ("DeleteTopics", "ok")]
+                        ("CreateTopics", "error"), ("CreateTopics", "partial"), ("DeleteTopics", "ok"),
+                        ("OffsetCommit", "ok"), ("DeleteAcls", "ok"), ("DeleteTopics", "ok")]
             m = scrape_until(lambda m: sample(m, "kproxy_audit_events_total", api="DeleteTopics",
                                               outcome="ok") >= 1, "the DeleteTopics audit event", proxy)
             for api, outcome in set(expected):
@@ -141,11 +153,12 @@ class TestAuditTrail:
             assert e["principal"] == SCRAM_USER
             assert e["proxy_instance"] == "kproxy-audit-test"
             assert e["client_address"].startswith("127.0.0.1:")
-            assert e["client_id"]                                    # adminclient-N
-            assert e["client_software_name"] == "apache-kafka-java"
-            assert e["client_software_version"]
             assert e["latency_ms"] >= 0
-        create, alter, scram, acl, exists, reset, unacl, delete = events
+        create, alter, scram, acl, exists, both, python_delete, reset, unacl, delete = events
+        for e in (create, alter, scram, acl, exists, reset, unacl, delete):
+            assert e["client_id"].startswith("adminclient-")
+            assert e["client_software_name"] == "apache-kafka-java" and e["client_software_version"]
+        assert both["client_id"] == python_delete["client_id"] == "audit-kafka-python"
 
         (asked,) = create["request"]["topics"]
         assert (asked["name"], asked["num_partitions"], asked["replication_factor"]) == (topic, 2, 1)
@@ -175,6 +188,10 @@ class TestAuditTrail:
         (refused,) = exists["results"]
         assert (refused["name"], refused["error"]) == (topic, "TOPIC_ALREADY_EXISTS")
         assert topic in refused["message"]
+
+        assert sorted((r["name"], r["error"]) for r in both["results"]) == \
+            sorted([(topic, "TOPIC_ALREADY_EXISTS"), (second, "NONE")])
+        assert [(r["name"], r["error"]) for r in python_delete["results"]] == [(second, "NONE")]
 
         (removal,) = unacl["request"]["filters"]
         assert (removal["resource_type_filter"], removal["resource_name_filter"], removal["principal_filter"],
