@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from kproxy.protocol import API_KEYS, Struct
+from kproxy.protocol import API_KEYS
 from tests.proxy.harness import ProxyThread, silent_port
 from tests.proxy.wire import CLIENT_ID, RawClient
 
