@@ -28,6 +28,7 @@ pytestmark = pytest.mark.broker
 CONFIG_COMMAND = "kafka.admin.ConfigCommand"
 ACL_COMMAND = "org.apache.kafka.tools.AclCommand"
 NEW_USER, NEW_PASSWORD = "bob", "bob-very-secret-2718"
+JAAS_PASSWORD = "jaas-very-secret-3141"
 ROTATE_BYTES = 4096          # the smallest allowed: these few events rotate the file
 TOOL_TIMEOUT_S = 120
 
@@ -81,6 +82,10 @@ class TestAuditTrail:
                  "--replication-factor", "1", "--config", "retention.ms=3600000")
             tool(CONFIG_COMMAND, "--alter", "--entity-type", "topics", "--entity-name", topic,
                  "--add-config", "cleanup.policy=compact")
+            # A secret in a config value (a broker's JAAS login): the value never reaches the audit.
+            tool(CONFIG_COMMAND, "--alter", "--entity-type", "brokers", "--entity-default", "--add-config",
+                 "listener.name.client.plain.sasl.jaas.config=[org.apache.kafka.common.security.plain."
+                 f'PlainLoginModule required user_{NEW_USER}="{JAAS_PASSWORD}";]', check=False)
             tool(CONFIG_COMMAND, "--alter", "--entity-type", "users", "--entity-name", NEW_USER,
                  "--add-config", f"SCRAM-SHA-512=[iterations=8192,password={NEW_PASSWORD}]")
             tool(ACL_COMMAND, "--add", "--allow-principal", f"User:{NEW_USER}", "--operation", "Read",
@@ -124,7 +129,7 @@ class TestAuditTrail:
                  "--operation", "Read", "--topic", topic)
             tool(tools.topics, "--delete", "--topic", topic)
 
-            expected = [("CreateTopics", "ok"), ("IncrementalAlterConfigs", "ok"),
+            expected = [("CreateTopics", "ok"), ("IncrementalAlterConfigs", "ok"), ("IncrementalAlterConfigs", "error"),
                         ("AlterUserScramCredentials", "ok"), ("CreateAcls", "ok"),
                         ("CreateTopics", "error"), ("CreateTopics", "partial"), ("DeleteTopics", "ok"),
                         ("OffsetCommit", "ok"), ("DeleteAcls", "ok"), ("DeleteTopics", "ok")]
@@ -154,8 +159,8 @@ class TestAuditTrail:
             assert e["proxy_instance"] == "kproxy-audit-test"
             assert e["client_address"].startswith("127.0.0.1:")
             assert e["latency_ms"] >= 0
-        create, alter, scram, acl, exists, both, python_delete, reset, unacl, delete = events
-        for e in (create, alter, scram, acl, exists, reset, unacl, delete):
+        create, alter, jaas, scram, acl, exists, both, python_delete, reset, unacl, delete = events
+        for e in (create, alter, jaas, scram, acl, exists, reset, unacl, delete):
             assert e["client_id"].startswith("adminclient-")
             assert e["client_software_name"] == "apache-kafka-java" and e["client_software_version"]
         assert both["client_id"] == python_delete["client_id"] == "audit-kafka-python"
@@ -170,6 +175,14 @@ class TestAuditTrail:
         assert resource["configs"] == [{"name": "cleanup.policy", "config_operation": "SET", "value": "compact"}]
         assert [(r["resource_type"], r["resource_name"], r["error"]) for r in alter["results"]] == \
             [("TOPIC", topic, "NONE")]
+
+        (resource,) = jaas["request"]["resources"]
+        assert (resource["resource_type"], resource["resource_name"]) == ("BROKER", "")
+        (secret,) = resource["configs"]
+        assert secret["name"] == "listener.name.client.plain.sasl.jaas.config"
+        assert secret["value"].startswith("<redacted ")
+        (refused,) = jaas["results"]                 # a listener's JAAS login is set per broker only
+        assert refused["error"] == "INVALID_REQUEST" and "broker id must be specified" in refused["message"]
 
         (upsert,) = scram["request"]["upsertions"]
         assert (upsert["name"], upsert["mechanism"], upsert["iterations"]) == (NEW_USER, "SCRAM-SHA-512", 8192)
@@ -215,6 +228,6 @@ class TestAuditTrail:
         # No password: neither the user's the tools logged in with nor the one they set.
         log_text = "\n".join(r.getMessage() for r in caplog.records).encode()
         for where, blob in (("audit files", b"".join(blobs)), ("log", log_text)):
-            for secret in (PASSWORD, NEW_PASSWORD):
+            for secret in (PASSWORD, NEW_PASSWORD, JAAS_PASSWORD):
                 for leak in spellings(secret.encode()):
                     assert leak not in blob, f"a password ({leak!r}) is in the {where}"
