@@ -15,9 +15,12 @@ import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .protocol.connection import DEFAULT_MAX_FRAME_SIZE
+
+if TYPE_CHECKING:
+    from .observers.audit import AuditConfig
 
 HostPort = tuple[str, int]
 
@@ -207,6 +210,10 @@ class Config:
     proxy_protocol: str = "off"
     proxy_protocol_trusted_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = tuple(
         ipaddress.ip_network(n) for n in DEFAULT_PROXY_PROTOCOL_TRUSTED)
+    # The audit trail of cluster changes (see observers/audit): the ``audit`` table (path,
+    # rotate_bytes, keep, log, queue_max_items) or ``audit_file`` (its path alone). Without a
+    # path, events still go to the kproxy.audit logger (``audit.log``, on by default).
+    audit: "AuditConfig" = field(default_factory=lambda: _default_audit())
 
     @property
     def proxy_protocol_versions(self) -> frozenset[int]:
@@ -243,12 +250,39 @@ _SCALARS: dict[str, type] = {
     "admin_token": str, "workers": int, "proxy_protocol": str,
 }
 _KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "probe_listen", "broker_port_map",
-                          "tls_server", "tls_client", "capture", "proxy_protocol_trusted_cidrs"} | set(TLS_FLAT_KEYS) | {TLS_CLIENT_ENABLED}
+                          "tls_server", "tls_client", "capture", "proxy_protocol_trusted_cidrs",
+                          "audit", "audit_file"} | set(TLS_FLAT_KEYS) | {TLS_CLIENT_ENABLED}
 
 
 def setting_names() -> frozenset[str]:
     """Every key a config file, ``KPROXY_*`` variable or flag may set."""
     return frozenset(_KNOWN)
+
+
+def _default_audit():
+    from .observers.audit import AuditConfig
+    return AuditConfig()
+
+
+def _audit(table: Any, path: Any):
+    """The audit table (or JSON object from KPROXY_AUDIT), with ``audit_file`` as its path."""
+    from .observers.audit import AuditConfig
+    if table is not None and not isinstance(table, (Mapping, str)):
+        raise ConfigError("audit: expected a table of settings")
+    merged: dict[str, Any] = {}
+    try:
+        if table is not None:
+            merged.update(dataclasses.asdict(AuditConfig.from_value(table)))
+        if path is not None:
+            if table is not None and AuditConfig.from_value(table).path is not None:
+                raise ConfigError("audit_file: set it or audit.path, not both")
+            merged["path"] = str(path)
+        return AuditConfig.from_value(merged)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(str(exc).replace("audit.path", "audit_file" if path is not None else "audit.path")) \
+            from None
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
@@ -504,6 +538,8 @@ def build(*layers: Mapping[str, Any]) -> Config:
         raw["proxy_protocol"] = "off"
     if "proxy_protocol" in raw:
         raw["proxy_protocol"] = str(raw["proxy_protocol"]).strip().lower()
+    if "audit" in raw or "audit_file" in raw:
+        values["audit"] = _audit(raw.pop("audit", None), raw.pop("audit_file", None))
     if "proxy_protocol_trusted_cidrs" in raw:
         values["proxy_protocol_trusted_cidrs"] = _trusted_cidrs(raw.pop("proxy_protocol_trusted_cidrs"))
     for key, cls in TLS_SECTIONS.items():

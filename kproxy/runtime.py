@@ -26,6 +26,7 @@ from prometheus_client import generate_latest
 
 from . import startup_log
 from .config import Config, show_address
+from .observers.audit import Audit
 from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.live import LiveView
@@ -80,18 +81,22 @@ class Runtime:
         self.config = config
         self.announce = announce            # log the start-up block (a worker's supervisor does)
         self.capture = Capture(instance_name=config.instance_name)
+        # The audit trail (file and/or kproxy.audit log lines); not an observer when both are off.
+        self.audit = Audit(config.audit, config.instance_name) if config.audit.enabled else None
         self.metrics = Metrics(client_id_label=config.metrics_client_id_label,
                                topic_label=config.metrics_topic_label,
                                group_label=config.metrics_group_label,
                                principal_label=config.metrics_principal_label,
                                label_cap=config.metrics_label_cap, capture=self.capture,
+                               audit=self.audit,
                                in_flight=lambda: self.proxy.in_flight(),
                                traffic=lambda: self.proxy.traffic(),
                                unbound_listeners=lambda: len(self.proxy.unbound))
         # Record data in the live page only when the operator allows it in capture files.
         self.live = LiveView(include_record_data=config.capture_allow_record_data,
                              instance_name=config.instance_name, pair_ids=worker_ids())
-        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *observers])
+        audit = [self.audit] if self.audit is not None else []
+        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *audit, *observers])
         self.admin = AdminServer({
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
             "/capture": self._capture_status,
@@ -181,6 +186,11 @@ class Runtime:
         if self.probe_slot is not None:
             self.heartbeat.post_to(*self.probe_slot, self._readiness_posted, self.proxy.upstream_ready)
         self.heartbeat.start(asyncio.get_running_loop())
+        if self.audit is not None:
+            try:
+                await asyncio.to_thread(self.audit.start)
+            except OSError as exc:
+                raise OSError(f"audit: cannot open {self.config.audit.path}: {exc.strerror or exc}") from None
         if self.config.capture_autostart:
             status, detail = await asyncio.to_thread(self._start_capture, {})
             if status != 200:
@@ -211,6 +221,8 @@ class Runtime:
             self._own_board = None
         if self.capture.active:
             await asyncio.to_thread(self.capture.stop)
+        if self.audit is not None:                        # after the drain: every answer is in
+            await asyncio.to_thread(self.audit.stop)
 
     async def run_until_signalled(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully; SIGHUP reloads the

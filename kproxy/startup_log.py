@@ -1,5 +1,6 @@
 """The block of INFO lines ``kproxy run`` logs once it serves: every listener and what
-clients are told, mode, routing, TLS on each side, PROXY protocol, the admin token, capture.
+clients are told, mode, routing, TLS on each side, PROXY protocol, the admin token,
+capture, the audit trail.
 
 An operator reads it to check the deployment does what they meant (and to find the
 admin page when its port was chosen by the OS), so it names bound addresses, not
@@ -79,6 +80,11 @@ def _tls(c: Config) -> str:
     return f"clients {clients}; brokers {brokers}{reload}"
 
 
+def _audit(c: Config) -> str:
+    where = ([f"file {c.audit.path}"] if c.audit.path else []) + (["the kproxy.audit log"] if c.audit.log else [])
+    return "cluster changes to " + " and ".join(where) if where else "off"
+
+
 def _proxy_protocol(c: Config) -> str:
     if not c.proxy_protocol_versions:
         return "off"
@@ -120,4 +126,5 @@ def lines(c: Config, bound: Bound) -> list[str]:
     out.append(f"  TLS              {_tls(c)}")
     out.append(f"  PROXY protocol   {_proxy_protocol(c)}")
     out.append(f"  capture          {_capture(c, bound)}")
+    out.append(f"  audit            {_audit(c)}")
     return out

@@ -4,7 +4,8 @@ One process relays on one core. With ``workers`` > 1 a supervisor starts N worke
 processes, each a whole kproxy (``Runtime``) binding the same listener ports with
 ``SO_REUSEPORT``: the kernel spreads new connections among them. What is per worker:
 its connections (a connection stays on the worker that accepted it), its broker
-directory, its capture files (``<prefix>-w<index>-...``) and its live page data.
+directory, its capture files (``<prefix>-w<index>-...``), its audit file
+(``<name>-w<index>.jsonl``) and its live page data.
 What is divided: ``max_connections`` and the buffer budget (each worker 1/N), and a
 capture's ``max_total_bytes``, so N workers promise no more than one did.
 
@@ -93,6 +94,15 @@ def capture_settings(settings: Mapping[str, Any] | None, defaults: Mapping[str, 
     return out
 
 
+def audit_settings(audit, index: int):
+    """One worker's audit file: ``audit.jsonl`` -> ``audit-w<index>.jsonl`` (one writer per
+    file: rotation renames files under whoever else appends to them)."""
+    if audit.path is None:
+        return audit
+    stem, ext = os.path.splitext(audit.path)
+    return dataclasses.replace(audit, path=f"{stem}-w{index}{ext}")
+
+
 def worker_config(config: Config, index: int, token: str) -> Config:
     """The config worker ``index`` runs: the operator's, with a private admin listener
     (loopback, any port, a token only the supervisor knows) and its share of the limits."""
@@ -101,6 +111,7 @@ def worker_config(config: Config, index: int, token: str) -> Config:
         capture = capture_settings(config.capture, None, index, config.workers)
     return dataclasses.replace(config, admin_listen=("127.0.0.1", 0), admin_token=token,
                                probe_listen=None,          # the supervisor answers probes
+                               audit=audit_settings(config.audit, index),
 
                                max_connections=config.max_connections // config.workers,
                                capture=capture)

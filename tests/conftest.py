@@ -160,10 +160,8 @@ def pki(tmp_path_factory) -> PKI:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-@pytest.fixture(scope="class")
-def sasl_cluster(require_kafka) -> Iterator[KafkaCluster]:
-    """One node with SASL_PLAINTEXT on CLIENT: PLAIN (JAAS users) and SCRAM-SHA-512."""
-    require_kafka(KAFKA_4_VERSION)
+def sasl_cluster_settings() -> dict[str, Any]:
+    """``KafkaCluster`` arguments of ``sasl_cluster`` (for a fixture that adds settings)."""
     extra = {
         "listener.security.protocol.map": "CLIENT:SASL_PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
@@ -175,5 +173,12 @@ def sasl_cluster(require_kafka) -> Iterator[KafkaCluster]:
             "org.apache.kafka.common.security.scram.ScramLoginModule required;",
     }
     scram = f"SCRAM-SHA-512=[name={SCRAM_USER},password={PASSWORD}]"
-    with KafkaCluster(extra_config=extra, format_args=["--add-scram", scram]) as cluster:
+    return {"extra_config": extra, "format_args": ["--add-scram", scram]}
+
+
+@pytest.fixture(scope="class")
+def sasl_cluster(require_kafka) -> Iterator[KafkaCluster]:
+    """One node with SASL_PLAINTEXT on CLIENT: PLAIN (JAAS users) and SCRAM-SHA-512."""
+    require_kafka(KAFKA_4_VERSION)
+    with KafkaCluster(**sasl_cluster_settings()) as cluster:
         yield cluster

@@ -49,10 +49,29 @@ def test_yaml_file_with_sidecar_template(tmp_path):
      "tls_server.cert_file: no such file"),
     ({"upstream": "h:1", "capture": {"directory": "/tmp/c", "filter": {"client_id_regex": "(a)\\1"}}},
      "capture.filter.client_id_regex: invalid escape sequence"),
+    ({"upstream": "h:1", "audit": {"path": "/a.jsonl", "rotate_bytes": 10}}, "audit.rotate_bytes: at least"),
+    ({"upstream": "h:1", "audit": {"path": "/a.jsonl", "keep": "some"}}, "audit.keep: expected a whole number"),
+    ({"upstream": "h:1", "audit": {"file": "/a.jsonl"}}, "audit.file: unknown setting"),
+    ({"upstream": "h:1", "audit": {"path": "/a.jsonl"}, "audit_file": "/b.jsonl"}, "audit_file: set it or"),
+    ({"upstream": "h:1", "audit_file": " "}, "audit_file: expected a file path"),
 ])
 def test_bad_settings_name_the_key(settings, message):
     with pytest.raises(cfg.ConfigError, match=message.replace("(", r"\(")):
         cfg.build(settings)
+
+
+def test_audit_from_file_env_and_flag(tmp_path):
+    path = tmp_path / "kproxy.toml"
+    path.write_text('upstream = "h:1"\n[audit]\npath = "/var/log/kproxy/audit.jsonl"\nrotate_bytes = 1048576\n'
+                    'keep = 5\nlog = false\n')
+    audit = cfg.load(path, environ={}).audit
+    assert (audit.path, audit.rotate_bytes, audit.keep, audit.log) == ("/var/log/kproxy/audit.jsonl", 1048576, 5, False)
+    env = cfg.load(environ={"KPROXY_UPSTREAM": "h:1", "KPROXY_AUDIT_FILE": "/tmp/a.jsonl"}).audit
+    assert (env.path, env.rotate_bytes, env.log) == ("/tmp/a.jsonl", 64 * 1024 * 1024, True)
+    flag = cfg.load(environ={"KPROXY_UPSTREAM": "h:1"}, overrides={"audit_file": "/tmp/f.jsonl"}).audit
+    assert flag.path == "/tmp/f.jsonl"
+    default = cfg.load(environ={"KPROXY_UPSTREAM": "h:1"}).audit
+    assert default.path is None and default.log and default.enabled
 
 
 def test_cli_prints_one_line_and_exits_2(tmp_path):

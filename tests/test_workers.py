@@ -119,6 +119,15 @@ def test_worker_config_divides_the_limits_and_keeps_the_admin_port_private():
     assert mine.admin_listen == ("127.0.0.1", 0)
     assert mine.admin_token == "t" * 32
     assert mine.listen == config.listen and mine.workers == 3
+    assert mine.audit.path is None                  # no audit file: only the log lines
+
+
+def test_each_worker_writes_its_own_audit_file():
+    config = config_module.build({"upstream": "b:9092", "listen": "0.0.0.0:9092", "workers": 2,
+                                  "audit": {"path": "/var/log/kproxy/audit.jsonl", "keep": 3}})
+    assert [worker_config(config, i, "t" * 32).audit.path for i in range(2)] == \
+        ["/var/log/kproxy/audit-w0.jsonl", "/var/log/kproxy/audit-w1.jsonl"]
+    assert worker_config(config, 1, "t" * 32).audit.keep == 3
 
 
 @pytest.mark.parametrize("settings, error", [

@@ -240,11 +240,12 @@ class Metrics:
     def __init__(self, client_id_label: bool = False, topic_label: bool = False,
                  label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None,
                  unbound_listeners=None, group_label: bool = False, consumer_lag: bool = True,
-                 principal_label: bool = False):
+                 principal_label: bool = False, audit=None):
         """``in_flight()``, ``traffic()`` and ``unbound_listeners()`` are read at scrape time
         (nothing on the hot path): traffic returns cumulative byte totals keyed like
         ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported.
-        ``consumer_lag=False`` leaves the lag out (the metrics benchmark's baseline)."""
+        ``consumer_lag=False`` leaves the lag out (the metrics benchmark's baseline); ``audit``
+        is the audit observer whose event counts are exported."""
         # No "_created" series: one more per counter and histogram child, and nothing on the
         # dashboard or in the alerts reads them. Process-wide in prometheus-client; set here,
         # where kproxy's registry is made, so that every exposition of it goes without them.
@@ -337,6 +338,8 @@ class Metrics:
         self._capture = capture
         if capture is not None:
             r.register(_CaptureCollector(capture))
+        if audit is not None:
+            r.register(_AuditCollector(audit))
 
         self.client_id_label = BoundedLabel(label_cap) if client_id_label else None
         self.topic_label = BoundedLabel(label_cap) if topic_label else None
@@ -1012,6 +1015,33 @@ class _CaptureCollector:
     def describe(self):
         return [CounterMetricFamily(n.removesuffix("_total"), h) for n, h in CAPTURE_COUNTERS.values()] + \
             [GaugeMetricFamily("kproxy_capture_active", "1 while a capture is running")]
+
+
+class _AuditCollector:
+    """The audit trail's counts: events by API and outcome (a series per pair seen: ~25
+    audited APIs x 4 outcomes, most never used), events dropped, file write failures."""
+
+    EVENTS = ("kproxy_audit_events", "Audit events (cluster changes) by API and outcome "
+              "(ok, error, partial: some resources failed, unanswered)")
+    DROPPED = ("kproxy_audit_events_dropped", "Audit items dropped because the audit queue was full")
+    WRITE_ERRORS = ("kproxy_audit_write_errors", "Audit events the audit file could not take "
+                    "(they still went to the kproxy.audit log)")
+
+    def __init__(self, audit):
+        self.audit = audit
+
+    def collect(self):
+        family = CounterMetricFamily(*self.EVENTS, labels=["api", "outcome"])
+        for (api, outcome), count in self.audit.events.copy().items():
+            family.add_metric([api, outcome], count)
+        yield family
+        counters = self.audit.counters()
+        yield CounterMetricFamily(*self.DROPPED, value=counters["dropped"])
+        yield CounterMetricFamily(*self.WRITE_ERRORS, value=counters["write_errors"])
+
+    def describe(self):
+        return [CounterMetricFamily(*self.EVENTS), CounterMetricFamily(*self.DROPPED),
+                CounterMetricFamily(*self.WRITE_ERRORS)]
 
 
 class _InFlightCollector:
