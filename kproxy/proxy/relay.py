@@ -86,8 +86,17 @@ MAX_IN_FLIGHT_PER_CONNECTION = 1000
 # requests) wait for the next turns of the event loop, so other connections, scrapes and
 # health checks run in between; the client is not read until they are all observed.
 OBSERVER_EVENTS_PER_STEP = 256
-# Room offered to a client's reads after one of them carried more requests than a step:
-# keeps one read's framing work small (~1,000 minimal requests) while it pipelines.
+# ... and a step ends sooner once it has taken this long: events differ in cost (a capped
+# ApiVersions answer ~0.15 ms to the metrics, a request a few µs), and 10 clients pipelining
+# answers worth 40 ms a step made an ordinary client wait ~0.5 s a request. Checked after
+# every OBSERVER_EVENTS_PER_CHECK events; as many events at once go to observers directly.
+OBSERVER_STEP_S = 0.002
+OBSERVER_EVENTS_PER_CHECK = 8
+# Room a client's read is offered beyond the rest of the request in progress: what a read
+# may bring of requests not begun yet, at most ~1,000 minimal ones (one step's framing work).
+# Beyond the cap on requests in flight, a connection holds at most this many more, and no
+# read of 1 MiB of tiny requests (50,000 of them) lands at once; a large request's rest is
+# still read a READ_CHUNK at a time.
 PIPELINED_READ_BYTES = 16 * 1024
 # A request must be complete this long after its first byte arrived, else the connection
 # closes (a trickle of bytes would otherwise keep it open forever: every byte is
@@ -196,6 +205,12 @@ ARENA_SPARES = 4
 # this many, and none bigger than FRAME_SPARE_MAX_BYTES (rarer frames are not worth holding).
 FRAME_SPARES = 4
 FRAME_SPARE_MAX_BYTES = 4 * 1024 * 1024
+# A frame is assembled in the read buffer its start landed in only if it takes at least
+# 1/this of that buffer: the buffer is the frame's until it completes, and a 128 KiB frame
+# holding a whole 1 MiB buffer cost 9x its bytes (2,000 clients each sending half of one
+# and stopping: 596 KiB of RSS per connection). Smaller frames get a buffer of their own
+# size (their start copied: less than a read). Kafka's 1 MiB frames still land in place.
+IN_PLACE_MIN_SHARE = 2
 
 
 class ReadArena:
@@ -261,7 +276,8 @@ class ReadArena:
         buffer of at least ``nbytes`` (at most twice that) from offset 0: an earlier one
         nothing refers to any more, or a fresh one (then kept for reuse)."""
         buffer = self._buffer
-        if buffer is not None and memoryview(start).obj is buffer:
+        if (buffer is not None and memoryview(start).obj is buffer
+                and nbytes * IN_PLACE_MIN_SHARE >= len(buffer)):
             base = self._offset - len(start)     # a read's bytes end where the arena's offset is
             if base + nbytes <= len(buffer):
                 self._spare(buffer)              # the next read takes another buffer
@@ -298,7 +314,8 @@ class Endpoint(asyncio.BufferedProtocol):
         self._on_accept = on_accept
         self._room: memoryview | None = None
         self._in_place = False                   # that room is the tracker's, not the arena's
-        self.read_limit = READ_CHUNK             # most bytes one read may take
+        # Most bytes one read may take (a client's: see PIPELINED_READ_BYTES).
+        self.read_limit = PIPELINED_READ_BYTES if side == "client" else READ_CHUNK
         self._paused_for: set[str] = set()
         self.held = 0                            # bytes of this side's incomplete frame (for the budget)
         self.reserved = 0                        # bytes allocated for it that have not arrived
@@ -667,12 +684,11 @@ class Relay:
         self.bytes_from_client += len(data)
         self.last_active = time.monotonic()
         client = self.client
+        client.read_limit = min(READ_CHUNK, tracker.client_missing + PIPELINED_READ_BYTES)
         if filled:
-            client.read_limit = READ_CHUNK
             return True
         if tracker.in_flight >= MAX_IN_FLIGHT_PER_CONNECTION:
             client.pause("requests in flight")
-        client.read_limit = PIPELINED_READ_BYTES if len(events) > OBSERVER_EVENTS_PER_STEP else READ_CHUNK
         partial = tracker.client_partial
         if self._request_deadline is not None and (events or not partial):
             self._request_deadline.cancel()
@@ -701,6 +717,9 @@ class Relay:
         except RewriteFailed as exc:
             self.finish(f"rewrite failed, closing rather than leak an address: {exc}")
             return False
+        # A read that brought more answers than a step is followed by small ones: each
+        # answer costs work (pairing, maybe rewriting), and one read must not take the loop.
+        self.broker.read_limit = PIPELINED_READ_BYTES if len(events) > OBSERVER_EVENTS_PER_STEP else READ_CHUNK
         transport = self.client.transport
         if len(out) == 1:
             transport.write(out[0])
@@ -719,7 +738,7 @@ class Relay:
     def _observe(self, events: list) -> None:
         """Give events to the observers: at once, or a step per turn of the loop if many."""
         if self._unobserved is None:
-            if len(events) <= OBSERVER_EVENTS_PER_STEP:
+            if len(events) <= OBSERVER_EVENTS_PER_CHECK:
                 _notify(self.observers, self.info, events)
                 return
             self._unobserved = deque()
@@ -733,8 +752,14 @@ class Relay:
         unobserved = self._unobserved
         if unobserved is None:
             return
-        step = [unobserved.popleft() for _ in range(min(len(unobserved), OBSERVER_EVENTS_PER_STEP))]
-        _notify(self.observers, self.info, step)
+        ends = time.perf_counter() + OBSERVER_STEP_S
+        taken = 0
+        while unobserved and taken < OBSERVER_EVENTS_PER_STEP:
+            count = min(len(unobserved), OBSERVER_EVENTS_PER_CHECK, OBSERVER_EVENTS_PER_STEP - taken)
+            _notify(self.observers, self.info, [unobserved.popleft() for _ in range(count)])
+            taken += count
+            if time.perf_counter() > ends:
+                break
         if unobserved:
             asyncio.get_running_loop().call_soon(self._observe_step)
             return
