@@ -320,3 +320,45 @@ def test_a_large_request_read_in_place_is_forwarded_read_by_read_and_observed_on
         assert relay.bytes_from_client == len(frame) and relay.tracker.in_flight == 1
 
     _relayed(monkeypatch, scenario, [observer])
+
+
+def test_the_same_api_versions_answer_is_capped_once_and_each_copy_keeps_its_correlation_id(monkeypatch):
+    """A capped ApiVersions answer is remembered by its bytes after the correlation id:
+    the second copy is not decoded for the cap again, and each client gets the capped
+    answer under its own correlation id."""
+    import struct
+
+    from kproxy.protocol import (Request, Response, Struct, decode_response, encode_request,
+                                 encode_response, new_body, schema)
+    from kproxy.proxy import rewrite, server
+
+    caps = []
+    original = rewrite.cap_api_versions
+
+    def counting(response, *args, **kwargs):
+        caps.append(response.correlation_id)
+        return original(response, *args, **kwargs)
+    monkeypatch.setattr(server, "cap_api_versions", counting)
+    produce_max = schema.version_range(0)[1]
+
+    async def scenario(relay, client, broker):
+        for correlation_id in (7, 8):
+            request = encode_request(Request(18, 3, correlation_id, "t", new_body(
+                "request", 18, 3, client_software_name="t", client_software_version="1")))
+            _read_into(client, struct.pack(">i", len(request)) + request)
+        for correlation_id in (7, 8):
+            answer = encode_response(Response(correlation_id, new_body("response", 18, 3, api_keys=[
+                Struct(api_key=0, min_version=0, max_version=produce_max + 5)])), 18, 3)
+            _read_into(broker, struct.pack(">i", len(answer)) + answer)
+        written = bytes(client.transport.written)
+        answers = []
+        while written:
+            size, = struct.unpack_from(">i", written)
+            answers.append(decode_response(written[4:4 + size], 18, 3))
+            written = written[4 + size:]
+        assert [a.correlation_id for a in answers] == [7, 8]
+        assert [[(k.api_key, k.max_version) for k in a.body.api_keys] for a in answers] == \
+            [[(0, produce_max)]] * 2
+        assert caps == [7]                           # the second copy came from memory
+
+    _relayed(monkeypatch, scenario)
