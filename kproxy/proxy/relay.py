@@ -31,12 +31,16 @@ for bodies (``needs_bodies``) needs them whole, so what is kept is at most that
 much per direction, or ``max_frame_size`` when needed. All connections'
 incomplete frames together are bounded by the ``BufferBudget`` (beyond it the
 sides holding them are no longer read, all but one); a frame assembled in a buffer
-allocated whole is counted when it begins (what has not arrived as reserved, at most
+allocated whole is counted when it begins (the rest of that buffer as reserved, at most
 a quarter of the budget) and when it ends, not per read: pausing the reads that fill
-it would free nothing. An idle connection holds
+it would free nothing. Such a buffer is at most twice the frame, and a piece of a frame
+kept as a view of a read buffer more than twice its size is copied instead, so a partial
+frame costs at most about twice its bytes. An idle connection holds
 no read buffer at all (the arena is the event loop's). One client cannot monopolize the
-loop either: it is not read with ``MAX_IN_FLIGHT_PER_CONNECTION`` requests
-unanswered, and its events reach observers a bounded step at a time.
+loop either: a read takes at most ``PIPELINED_READ_BYTES`` of requests not begun yet, it is
+not read with ``MAX_IN_FLIGHT_PER_CONNECTION`` requests unanswered, its answers are read a
+little at a time once they come by the thousand, and its events reach observers a bounded
+step (in number and in time) per turn of the loop.
 
 Every connection ends in ``Relay.finish`` (the one close path), which records
 the first reason given; ``run_relay`` then logs it and tells the observers.
@@ -90,14 +94,14 @@ OBSERVER_EVENTS_PER_STEP = 256
 # ApiVersions answer ~0.15 ms to the metrics, a request a few µs), and 10 clients pipelining
 # answers worth 40 ms a step made an ordinary client wait ~0.5 s a request. Checked after
 # every OBSERVER_EVENTS_PER_CHECK events; as many events at once go to observers directly.
-OBSERVER_STEP_S = 0.002
+OBSERVER_STEP_S = 0.001
 OBSERVER_EVENTS_PER_CHECK = 8
 # Room a client's read is offered beyond the rest of the request in progress: what a read
 # may bring of requests not begun yet, at most ~1,000 minimal ones (one step's framing work).
 # Beyond the cap on requests in flight, a connection holds at most this many more, and no
 # read of 1 MiB of tiny requests (50,000 of them) lands at once; a large request's rest is
 # still read a READ_CHUNK at a time.
-PIPELINED_READ_BYTES = 16 * 1024
+PIPELINED_READ_BYTES = 8 * 1024
 # A request must be complete this long after its first byte arrived, else the connection
 # closes (a trickle of bytes would otherwise keep it open forever: every byte is
 # activity). Generous: a 100 MiB frame at 1 MB/s fits; clients time out requests after
@@ -717,9 +721,11 @@ class Relay:
         except RewriteFailed as exc:
             self.finish(f"rewrite failed, closing rather than leak an address: {exc}")
             return False
-        # A read that brought more answers than a step is followed by small ones: each
-        # answer costs work (pairing, maybe rewriting), and one read must not take the loop.
-        self.broker.read_limit = PIPELINED_READ_BYTES if len(events) > OBSERVER_EVENTS_PER_STEP else READ_CHUNK
+        # A read that brought many answers is followed by small ones, until one brings few:
+        # each answer costs work (pairing, maybe rewriting), and one read must not take the
+        # loop (1 MiB of ApiVersions answers is 2,200 of them). Large answers still come a
+        # READ_CHUNK at a time.
+        self.broker.read_limit = PIPELINED_READ_BYTES if len(events) > OBSERVER_EVENTS_PER_CHECK else READ_CHUNK
         transport = self.client.transport
         if len(out) == 1:
             transport.write(out[0])
