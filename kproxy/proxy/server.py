@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..config import Config
-from ..protocol import encode_response
+from ..protocol import DecodeError, decode_response, encode_response
 from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
@@ -399,13 +399,25 @@ class Proxy:
         return self._rewritten(event)
 
     def _capped_api_versions(self, event: ResponseReceived) -> bytes | None:
-        """``transform`` for ApiVersions: the same answer is capped once, then remembered."""
+        """``transform`` for ApiVersions: the same answer is capped once, then remembered.
+
+        Capped in a decode of its own: observers see every copy as the broker sent it
+        (``event.frame``), the first one included."""
         frame = event.frame
-        key = (event.api_version, bytes(frame[CORRELATION_ID_BYTES:]))
+        version = event.api_version
+        key = (version, bytes(frame[CORRELATION_ID_BYTES:]))
         rest = self._api_versions_answers.get(key, _UNCACHED)
         if rest is _UNCACHED:
-            capped = self._rewritten(event)
-            rest = None if capped is None else bytes(capped[CORRELATION_ID_BYTES:])
+            rest = None
+            try:
+                response = decode_response(frame, API_VERSIONS_KEY, version)
+            except DecodeError:
+                response = None              # not capped, as a failed decode never was
+            if response is not None and cap_api_versions(response):
+                try:
+                    rest = bytes(encode_response(response, API_VERSIONS_KEY, version)[CORRELATION_ID_BYTES:])
+                except (ValueError, TypeError, OverflowError) as exc:
+                    raise RewriteFailed(f"re-encoding ApiVersions v{version}: {exc}") from None
             if len(self._api_versions_answers) >= API_VERSIONS_ANSWERS_CACHED:
                 self._api_versions_answers.clear()
             self._api_versions_answers[key] = rest
@@ -426,8 +438,6 @@ class Proxy:
                                     f"{event.decode_error or 'unknown version'}")
             return None
         changed = False
-        if api_key == API_VERSIONS_KEY and self.config.cap_api_versions:
-            changed = cap_api_versions(response)
         if api_key == METADATA_KEY:
             self._brokers_listed({n for n, _, _ in node_addresses(api_key, version, response.body)})
         controllers = api_key in CONTROLLER_ADDRESS_KEYS or (

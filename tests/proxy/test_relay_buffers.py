@@ -330,6 +330,7 @@ def test_the_same_api_versions_answer_is_capped_once_and_each_copy_keeps_its_cor
 
     from kproxy.protocol import (Request, Response, Struct, decode_response, encode_request,
                                  encode_response, new_body, schema)
+    from kproxy.protocol.connection import ResponseReceived
     from kproxy.proxy import rewrite, server
 
     caps = []
@@ -360,5 +361,13 @@ def test_the_same_api_versions_answer_is_capped_once_and_each_copy_keeps_its_cor
         assert [[(k.api_key, k.max_version) for k in a.body.api_keys] for a in answers] == \
             [[(0, produce_max)]] * 2
         assert caps == [7]                           # the second copy came from memory
+        # Observers see each copy as the broker sent it, the first one too.
+        assert [[(k.api_key, k.max_version) for k in e.response.body.api_keys] for e in seen] == \
+            [[(0, produce_max + 5)]] * 2
 
-    _relayed(monkeypatch, scenario)
+    seen = []
+
+    def observer(info, events):
+        seen.extend(e for e in events if isinstance(e, ResponseReceived))
+
+    _relayed(monkeypatch, scenario, [observer])
