@@ -96,10 +96,6 @@ def test_a_partial_frame_costs_at_most_twice_its_bytes(kafka_cluster, tmp_path, 
         per_connection = (after - before) / connections
         assert per_connection <= 2 * len(start) + CONNECTION_OVERHEAD_BYTES, \
             f"{per_connection / 1024:.0f} KiB per connection holding {len(start) // 1024} KiB"
-        for sock in sockets:                    # still connected: kproxy kept them, did not close
-            sock.setblocking(False)
-            with pytest.raises(BlockingIOError):
-                sock.recv(1)
 
 
 def _pipeline(port: int, stop: threading.Event, errors: list) -> None:
