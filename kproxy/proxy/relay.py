@@ -97,7 +97,7 @@ OBSERVER_EVENTS_PER_STEP = 256
 OBSERVER_STEP_S = 0.001
 OBSERVER_EVENTS_PER_CHECK = 8
 # Room a client's read is offered beyond the rest of the request in progress: what a read
-# may bring of requests not begun yet, at most ~1,000 minimal ones (one step's framing work).
+# may bring of requests not begun yet, at most ~600 minimal ones (14 bytes each).
 # Beyond the cap on requests in flight, a connection holds at most this many more, and no
 # read of 1 MiB of tiny requests (50,000 of them) lands at once; a large request's rest is
 # still read a READ_CHUNK at a time.
