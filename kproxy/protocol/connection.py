@@ -469,8 +469,9 @@ class _Framer:
 
     @property
     def reserved(self) -> int:
-        """Bytes allocated for the frame being assembled that have not arrived yet."""
-        return 0 if self._frame is None else self._total - self._filled
+        """Bytes of the buffer the frame is being assembled in beyond those that arrived:
+        the whole buffer is kept alive until the frame completes, not only the frame's part."""
+        return 0 if self._frame is None else len(self._frame) - self._filled
 
     def _large(self, start, size: int) -> None:
         """A large frame (size prefix included in ``start``, its beginning) spans reads:
@@ -483,7 +484,7 @@ class _Framer:
                 frame[base:base + len(start)] = start
             self._frame, self._base, self._total, self._filled = frame, base, total, len(start)
             return
-        self._parts = [start]
+        self._parts = [_kept(start)]
         self._gathered = len(start)
         self._missing = total - len(start)
 
@@ -517,7 +518,7 @@ class _Framer:
             if self._streaming:
                 self._skipped += len(view)
             else:
-                self._parts.append(view)
+                self._parts.append(_kept(view))
                 self._gathered += len(view)
             return None
         if self._streaming:
@@ -600,6 +601,16 @@ class _Framer:
         self._streaming = self.decided = True
 
     @property
+    def missing(self) -> int:
+        """Bytes the incomplete frame still lacks (0 between frames, or before its size is in)."""
+        if self._frame is not None:
+            return self._total - self._filled
+        if self._parts is not None:
+            return self._missing
+        buf = self.buffer
+        return 4 + SIZE.unpack_from(buf, 0)[0] - len(buf) if len(buf) >= 4 else 0
+
+    @property
     def buffered(self) -> int:
         """Bytes held of the incomplete frame at the end of the stream so far."""
         return len(self.buffer) + self._gathered + self._filled
@@ -619,6 +630,19 @@ class _Framer:
         if end is not None and end <= len(self._parts[0]):     # no need to join megabytes
             return bytes(self._parts[0][start:end])
         return b"".join(self._parts)[start:end]
+
+
+# A piece of a frame in progress that is a view of a buffer more than this many times its
+# size is copied rather than kept as a view: reads land in a buffer shared by all of an event
+# loop's connections, and a view keeps the whole of it alive (a client dribbling its frame a
+# little per read could hold a MiB of memory per byte it sent).
+VIEW_MAX_OVERHEAD = 2
+
+
+def _kept(piece):
+    """``piece`` (bytes or a memoryview of a read) as it may be kept until its frame ends."""
+    view = memoryview(piece)
+    return bytes(view) if len(view) * VIEW_MAX_OVERHEAD < len(view.obj) else piece
 
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -823,6 +847,11 @@ class Connection:
     def client_partial(self) -> int:
         """Bytes of the client's incomplete frame so far (0 between requests)."""
         return self._client.buffered
+
+    @property
+    def client_missing(self) -> int:
+        """Bytes the client's incomplete frame still lacks (0 between requests)."""
+        return self._client.missing
 
     @property
     def buffered(self) -> int:

@@ -1,4 +1,5 @@
-"""Partial decoding of Produce and Fetch: only the fields observers and rewriting read.
+"""Partial decoding of Produce and Fetch (and ApiVersions answers): only the fields observers
+and rewriting read.
 
 Produce requests and Fetch answers carry megabytes of records in a handful of
 partitions, and pass at line rate; the metrics read a few fields of them (each
@@ -30,7 +31,7 @@ from ._codec import StructCodec, _Compiler, _in, message_codec
 from .messages import Request, Response, decode_request, decode_response
 from .walk import _is_error_field
 
-PRODUCE_KEY, FETCH_KEY = 0, 1
+PRODUCE_KEY, FETCH_KEY, API_VERSIONS_KEY = 0, 1, 18
 
 # (kind, api key) -> the fields a partial body keeps (names as in ``protocol/_schema.py``; a
 # name counts in every struct of the message that has it). Read by ``observers.metrics`` and
@@ -46,6 +47,9 @@ SKIMMED: dict[tuple[str, int], frozenset[str]] = {
     ("response", FETCH_KEY): frozenset({
         "throttle_time_ms", "topic", "topic_id", "partition_index", "high_watermark",
         "last_stable_offset", "records", "node_endpoints"}),
+    # ~80 API entries nobody but the rewriting (which decodes whole) reads: decoding them for
+    # the metrics took ~0.9 ms an answer, and a client may ask as often as it likes.
+    ("response", API_VERSIONS_KEY): frozenset({"throttle_time_ms"}),
 }
 SKIMMED_REQUESTS = frozenset(key for kind, key in SKIMMED if kind == "request")
 SKIMMED_RESPONSES = frozenset(key for kind, key in SKIMMED if kind == "response")

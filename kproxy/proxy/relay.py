@@ -35,12 +35,16 @@ for bodies (``needs_bodies``) needs them whole, so what is kept is at most that
 much per direction, or ``max_frame_size`` when needed. All connections'
 incomplete frames together are bounded by the ``BufferBudget`` (beyond it the
 sides holding them are no longer read, all but one); a frame assembled in a buffer
-allocated whole is counted when it begins (what has not arrived as reserved, at most
+allocated whole is counted when it begins (the rest of that buffer as reserved, at most
 a quarter of the budget) and when it ends, not per read: pausing the reads that fill
-it would free nothing. An idle connection holds
+it would free nothing. Such a buffer is at most twice the frame, and a piece of a frame
+kept as a view of a read buffer more than twice its size is copied instead, so a partial
+frame costs at most about twice its bytes. An idle connection holds
 no read buffer at all (the arena is the event loop's). One client cannot monopolize the
-loop either: it is not read with ``MAX_IN_FLIGHT_PER_CONNECTION`` requests
-unanswered, and its events reach observers a bounded step at a time.
+loop either: a read takes at most ``PIPELINED_READ_BYTES`` of requests not begun yet, it is
+not read with ``MAX_IN_FLIGHT_PER_CONNECTION`` requests unanswered, its answers are read a
+little at a time once they come by the thousand, and its events reach observers a bounded
+step (in number and in time) per turn of the loop.
 
 Every connection ends in ``Relay.finish`` (the one close path), which records
 the first reason given; ``run_relay`` then logs it and tells the observers.
@@ -90,9 +94,18 @@ MAX_IN_FLIGHT_PER_CONNECTION = 1000
 # requests) wait for the next turns of the event loop, so other connections, scrapes and
 # health checks run in between; the client is not read until they are all observed.
 OBSERVER_EVENTS_PER_STEP = 256
-# Room offered to a client's reads after one of them carried more requests than a step:
-# keeps one read's framing work small (~1,000 minimal requests) while it pipelines.
-PIPELINED_READ_BYTES = 16 * 1024
+# ... and a step ends sooner once it has taken this long: events differ in cost (a capped
+# ApiVersions answer ~0.15 ms to the metrics, a request a few µs), and 10 clients pipelining
+# answers worth 40 ms a step made an ordinary client wait ~0.5 s a request. Checked after
+# every OBSERVER_EVENTS_PER_CHECK events; as many events at once go to observers directly.
+OBSERVER_STEP_S = 0.001
+OBSERVER_EVENTS_PER_CHECK = 8
+# Room a client's read is offered beyond the rest of the request in progress: what a read
+# may bring of requests not begun yet, at most ~600 minimal ones (14 bytes each).
+# Beyond the cap on requests in flight, a connection holds at most this many more, and no
+# read of 1 MiB of tiny requests (50,000 of them) lands at once; a large request's rest is
+# still read a READ_CHUNK at a time.
+PIPELINED_READ_BYTES = 8 * 1024
 # A request must be complete this long after its first byte arrived, else the connection
 # closes (a trickle of bytes would otherwise keep it open forever: every byte is
 # activity). Generous: a 100 MiB frame at 1 MB/s fits; clients time out requests after
@@ -201,6 +214,12 @@ ARENA_SPARES = 4
 # this many, and none bigger than FRAME_SPARE_MAX_BYTES (rarer frames are not worth holding).
 FRAME_SPARES = 4
 FRAME_SPARE_MAX_BYTES = 4 * 1024 * 1024
+# A frame is assembled in the read buffer its start landed in only if it takes at least
+# 1/this of that buffer: the buffer is the frame's until it completes, and a 128 KiB frame
+# holding a whole 1 MiB buffer cost 9x its bytes (2,000 clients each sending half of one
+# and stopping: 596 KiB of RSS per connection). Smaller frames get a buffer of their own
+# size (their start copied: less than a read). Kafka's 1 MiB frames still land in place.
+IN_PLACE_MIN_SHARE = 2
 
 
 class ReadArena:
@@ -266,7 +285,8 @@ class ReadArena:
         buffer of at least ``nbytes`` (at most twice that) from offset 0: an earlier one
         nothing refers to any more, or a fresh one (then kept for reuse)."""
         buffer = self._buffer
-        if buffer is not None and memoryview(start).obj is buffer:
+        if (buffer is not None and memoryview(start).obj is buffer
+                and nbytes * IN_PLACE_MIN_SHARE >= len(buffer)):
             base = self._offset - len(start)     # a read's bytes end where the arena's offset is
             if base + nbytes <= len(buffer):
                 self._spare(buffer)              # the next read takes another buffer
@@ -303,7 +323,8 @@ class Endpoint(asyncio.BufferedProtocol):
         self._on_accept = on_accept
         self._room: memoryview | None = None
         self._in_place = False                   # that room is the tracker's, not the arena's
-        self.read_limit = READ_CHUNK             # most bytes one read may take
+        # Most bytes one read may take (a client's: see PIPELINED_READ_BYTES).
+        self.read_limit = PIPELINED_READ_BYTES if side == "client" else READ_CHUNK
         self._paused_for: set[str] = set()
         self.held = 0                            # bytes of this side's incomplete frame (for the budget)
         self.reserved = 0                        # bytes allocated for it that have not arrived
@@ -676,12 +697,11 @@ class Relay:
         self.bytes_from_client += len(data)
         self.last_active = time.monotonic()
         client = self.client
+        client.read_limit = min(READ_CHUNK, tracker.client_missing + PIPELINED_READ_BYTES)
         if filled:
-            client.read_limit = READ_CHUNK
             return True
         if tracker.in_flight >= MAX_IN_FLIGHT_PER_CONNECTION:
             client.pause("requests in flight")
-        client.read_limit = PIPELINED_READ_BYTES if len(events) > OBSERVER_EVENTS_PER_STEP else READ_CHUNK
         partial = tracker.client_partial
         if self._request_deadline is not None and (events or not partial):
             self._request_deadline.cancel()
@@ -710,6 +730,11 @@ class Relay:
         except RewriteFailed as exc:
             self.finish(f"rewrite failed, closing rather than leak an address: {exc}")
             return False
+        # A read that brought many answers is followed by small ones, until one brings few:
+        # each answer costs work (pairing, maybe rewriting), and one read must not take the
+        # loop (1 MiB of ApiVersions answers is 2,200 of them). Large answers still come a
+        # READ_CHUNK at a time.
+        self.broker.read_limit = PIPELINED_READ_BYTES if len(events) > OBSERVER_EVENTS_PER_CHECK else READ_CHUNK
         transport = self.client.transport
         if len(out) == 1:
             transport.write(out[0])
@@ -728,7 +753,7 @@ class Relay:
     def _observe(self, events: list) -> None:
         """Give events to the observers: at once, or a step per turn of the loop if many."""
         if self._unobserved is None:
-            if len(events) <= OBSERVER_EVENTS_PER_STEP:
+            if len(events) <= OBSERVER_EVENTS_PER_CHECK:
                 _notify(self.observers, self.info, events)
                 return
             self._unobserved = deque()
@@ -742,8 +767,14 @@ class Relay:
         unobserved = self._unobserved
         if unobserved is None:
             return
-        step = [unobserved.popleft() for _ in range(min(len(unobserved), OBSERVER_EVENTS_PER_STEP))]
-        _notify(self.observers, self.info, step)
+        ends = time.perf_counter() + OBSERVER_STEP_S
+        taken = 0
+        while unobserved and taken < OBSERVER_EVENTS_PER_STEP:
+            count = min(len(unobserved), OBSERVER_EVENTS_PER_CHECK, OBSERVER_EVENTS_PER_STEP - taken)
+            _notify(self.observers, self.info, [unobserved.popleft() for _ in range(count)])
+            taken += count
+            if time.perf_counter() > ends:
+                break
         if unobserved:
             asyncio.get_running_loop().call_soon(self._observe_step)
             return

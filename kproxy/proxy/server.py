@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..config import Config
-from ..protocol import encode_response
+from ..protocol import DecodeError, decode_response, encode_response
 from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
@@ -74,6 +74,7 @@ from .tls import client_context, server_context
 log = logging.getLogger("kproxy.server")
 
 API_VERSIONS_KEY = 18
+CORRELATION_ID_BYTES = 4          # a response frame's first field (ApiVersions' header is always v0)
 METADATA_KEY = 3
 DESCRIBE_CLUSTER_KEY = 60
 CONTROLLER_ENDPOINT_TYPE = 2      # DescribeCluster's EndpointType for "list the controllers"
@@ -89,6 +90,13 @@ CLOSE_GRACE_S = 2.0               # closed sockets' handlers finish in milliseco
 # (API, version) pairs whose hold decision is remembered: a client may send any of 2^32,
 # so the table is bounded; the pairs in use are a few dozen.
 HOLD_ANSWERS_CACHED = 4096
+# Capped ApiVersions answers remembered, by request version and bytes after the correlation
+# id: a broker gives every client the same answer, and decoding its ~80 entries and
+# encoding them again took ~1.3 ms of the event loop each (10 clients pipelining
+# ApiVersions without reading made every other client wait seconds). A broker per
+# version per distinct answer: a few dozen at most in a cluster; bounded all the same.
+API_VERSIONS_ANSWERS_CACHED = 256
+_UNCACHED = object()
 # Decode failures are logged once per (direction, api, version) kind per interval, and at
 # most this many kinds per interval: a client sending random api keys can neither flood the
 # log nor, by using up a budget, silence it for good. What is not logged is counted in the
@@ -159,6 +167,8 @@ class Proxy:
         self.observers: list[Observer] = [*observers, self._log_decode_failures, MisconfigurationLog()]
         # Asked for every answer. Clients use a few (API, version) pairs, but may send any.
         self.hold = functools.lru_cache(HOLD_ANSWERS_CACHED)(self._holds)
+        # (version, answer after its correlation id) -> its rewritten rest, or None: unchanged
+        self._api_versions_answers: dict[tuple[int, bytes], bytes | None] = {}
         self.relays: set[Relay] = set()
         self.upstream_of: dict[int, HostPort] = {}         # node id -> real broker address
         self.served_nodes: set[int] = set()                # at most max_brokers (see _serves)
@@ -470,6 +480,37 @@ class Proxy:
     def transform(self, event: ResponseReceived) -> bytes | None:
         """Rewrite addresses (and cap ApiVersions) in a held response; None keeps it as is."""
         api_key, version = event.api_key, event.api_version
+        if api_key == API_VERSIONS_KEY and self.config.cap_api_versions:
+            return self._capped_api_versions(event)
+        return self._rewritten(event)
+
+    def _capped_api_versions(self, event: ResponseReceived) -> bytes | None:
+        """``transform`` for ApiVersions: the same answer is capped once, then remembered.
+
+        Capped in a decode of its own: observers see every copy as the broker sent it
+        (``event.frame``), the first one included."""
+        frame = event.frame
+        version = event.api_version
+        key = (version, bytes(frame[CORRELATION_ID_BYTES:]))
+        rest = self._api_versions_answers.get(key, _UNCACHED)
+        if rest is _UNCACHED:
+            rest = None
+            try:
+                response = decode_response(frame, API_VERSIONS_KEY, version)
+            except DecodeError:
+                response = None              # not capped, as a failed decode never was
+            if response is not None and cap_api_versions(response):
+                try:
+                    rest = bytes(encode_response(response, API_VERSIONS_KEY, version)[CORRELATION_ID_BYTES:])
+                except (ValueError, TypeError, OverflowError) as exc:
+                    raise RewriteFailed(f"re-encoding ApiVersions v{version}: {exc}") from None
+            if len(self._api_versions_answers) >= API_VERSIONS_ANSWERS_CACHED:
+                self._api_versions_answers.clear()
+            self._api_versions_answers[key] = rest
+        return None if rest is None else bytes(frame[:CORRELATION_ID_BYTES]) + rest
+
+    def _rewritten(self, event: ResponseReceived) -> bytes | None:
+        api_key, version = event.api_key, event.api_version
         if api_key in ENDPOINTS_ONLY_KEYS and not self.unbound:
             # With every listener bound only the endpoints could change (withholding also
             # touches partitions' leader hints): none, nothing to do, no whole decode.
@@ -483,8 +524,6 @@ class Proxy:
                                     f"{event.decode_error or 'unknown version'}")
             return None
         changed = False
-        if api_key == API_VERSIONS_KEY and self.config.cap_api_versions:
-            changed = cap_api_versions(response)
         if api_key == METADATA_KEY:
             self._brokers_listed({n for n, _, _ in node_addresses(api_key, version, response.body)})
         controllers = api_key in CONTROLLER_ADDRESS_KEYS or (

@@ -102,3 +102,30 @@ def test_assembly_refused_gathers_the_frame_as_it_comes():
     conn.receive_client(stream[:100])
     assert asked == [struct.unpack_from(">i", stream)[0] + 4]
     assert conn.room("client") is None and conn.holding("client")[1] == 0 and conn.buffered == 100
+
+
+def test_a_large_frame_gathered_a_little_per_read_keeps_no_read_buffer_alive():
+    """Gathered (not assembled) pieces that are small views of a big read buffer are copied:
+    a view keeps its whole buffer alive, so a client dribbling its frame could otherwise
+    hold a read buffer (1 MiB in the relay) per few bytes it sent. Pieces that fill most
+    of their buffer stay views (nothing copied)."""
+    import sys
+
+    frame = client_stream()
+    size, = struct.unpack_from(">i", frame)
+    first = frame[:4 + size]
+    connection = Connection()                      # no assemble: large frames are gathered
+    pieces = 8
+    step = len(first) // pieces
+    buffers = []
+    for i in range(pieces - 1):
+        buffer = bytearray(64 * step)              # the read landed in a much bigger buffer
+        buffer[:step] = first[i * step:(i + 1) * step]
+        assert connection.receive_client(memoryview(buffer)[:step]) == []
+        buffers.append(buffer)
+    del buffer
+    buffers.append(bytearray(1))                   # referred to by the list alone
+    assert len({sys.getrefcount(b) for b in buffers}) == 1      # so are the read buffers
+    whole = bytearray(first[(pieces - 1) * step:])
+    events = connection.receive_client(memoryview(whole))       # a view of its own buffer: kept
+    assert [bytes(e.frame) for e in events] == [first[4:]]

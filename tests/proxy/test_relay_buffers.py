@@ -1,7 +1,7 @@
 """The relay's buffers: the shared read arena never overwrites what anyone can see; the
 buffer budget pauses holders of incomplete frames but always lets one proceed."""
 
-from kproxy.proxy.relay import MIN_READ_ROOM, READ_CHUNK, ReadArena
+from kproxy.proxy.relay import IN_PLACE_MIN_SHARE, MIN_READ_ROOM, PIPELINED_READ_BYTES, READ_CHUNK, ReadArena
 
 
 def read(arena: ReadArena, payload: bytes) -> memoryview:
@@ -258,7 +258,7 @@ def test_a_held_answer_read_in_place_goes_out_whole_once_and_the_budget_counts_i
     """A Fetch v16 answer (held: its tail may name node endpoints) of 600 KiB arrives in four
     reads: the three after the first land where it is assembled. Nothing reaches the client
     until the last, then the answer exactly, in one write; meanwhile the budget counts the
-    whole frame (what arrived as held, the rest as reserved), and nothing once it is sent."""
+    whole frame (what arrived as held, the rest of its buffer as reserved), and nothing once it is sent."""
     import struct
 
     from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
@@ -275,7 +275,8 @@ def test_a_held_answer_read_in_place_goes_out_whole_once_and_the_budget_counts_i
 
         def between():
             assert client.transport.writes == 0                 # held until complete
-            assert budget.held + budget.reserved == len(frame)  # all of it accounted for
+            # all of it accounted for, and the rest of the buffer it is assembled in
+            assert len(frame) <= budget.held + budget.reserved <= IN_PLACE_MIN_SHARE * len(frame)
         _in_reads(broker, frame, [100 * 1024, 300 * 1024, 500 * 1024], between)
         assert bytes(client.transport.written) == frame and client.transport.writes == 1
         assert budget.held == budget.reserved == 0
@@ -308,12 +309,65 @@ def test_a_large_request_read_in_place_is_forwarded_read_by_read_and_observed_on
         def between():
             writes.append(len(broker.transport.written))
             assert not seen
-            assert budget.held + budget.reserved == len(frame)
-        _in_reads(client, frame, [100 * 1024, 300 * 1024, 500 * 1024], between)
-        assert writes == [100 * 1024, 300 * 1024, 500 * 1024]          # forwarded as read
+            assert len(frame) <= budget.held + budget.reserved <= IN_PLACE_MIN_SHARE * len(frame)
+        # (a client's first read is offered PIPELINED_READ_BYTES: it may be tiny requests)
+        cuts = [PIPELINED_READ_BYTES, 300 * 1024, 500 * 1024]
+        _in_reads(client, frame, cuts, between)
+        assert writes == cuts                                           # forwarded as read
         assert bytes(broker.transport.written) == frame
         assert [bytes(e.frame) for e in seen] == [request]
         assert budget.held == budget.reserved == 0
         assert relay.bytes_from_client == len(frame) and relay.tracker.in_flight == 1
+
+    _relayed(monkeypatch, scenario, [observer])
+
+
+def test_the_same_api_versions_answer_is_capped_once_and_each_copy_keeps_its_correlation_id(monkeypatch):
+    """A capped ApiVersions answer is remembered by its bytes after the correlation id:
+    the second copy is not decoded for the cap again, and each client gets the capped
+    answer under its own correlation id."""
+    import struct
+
+    from kproxy.protocol import (Request, Response, Struct, decode_response, encode_request,
+                                 encode_response, new_body, schema)
+    from kproxy.protocol.connection import ResponseReceived
+    from kproxy.proxy import rewrite, server
+
+    caps = []
+    original = rewrite.cap_api_versions
+
+    def counting(response, *args, **kwargs):
+        caps.append(response.correlation_id)
+        return original(response, *args, **kwargs)
+    monkeypatch.setattr(server, "cap_api_versions", counting)
+    produce_max = schema.version_range(0)[1]
+
+    async def scenario(relay, client, broker):
+        for correlation_id in (7, 8):
+            request = encode_request(Request(18, 3, correlation_id, "t", new_body(
+                "request", 18, 3, client_software_name="t", client_software_version="1")))
+            _read_into(client, struct.pack(">i", len(request)) + request)
+        for correlation_id in (7, 8):
+            answer = encode_response(Response(correlation_id, new_body("response", 18, 3, api_keys=[
+                Struct(api_key=0, min_version=0, max_version=produce_max + 5)])), 18, 3)
+            _read_into(broker, struct.pack(">i", len(answer)) + answer)
+        written = bytes(client.transport.written)
+        answers = []
+        while written:
+            size, = struct.unpack_from(">i", written)
+            answers.append(decode_response(written[4:4 + size], 18, 3))
+            written = written[4 + size:]
+        assert [a.correlation_id for a in answers] == [7, 8]
+        assert [[(k.api_key, k.max_version) for k in a.body.api_keys] for a in answers] == \
+            [[(0, produce_max)]] * 2
+        assert caps == [7]                           # the second copy came from memory
+        # Observers see each copy as the broker sent it, the first one too.
+        assert [[(k.api_key, k.max_version) for k in e.response.body.api_keys] for e in seen] == \
+            [[(0, produce_max + 5)]] * 2
+
+    seen = []
+
+    def observer(info, events):
+        seen.extend(e for e in events if isinstance(e, ResponseReceived))
 
     _relayed(monkeypatch, scenario, [observer])
