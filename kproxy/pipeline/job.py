@@ -2,7 +2,8 @@
 
 ``analyze(spark, paths, out)`` is what ``kproxy analyze`` and ``spark-submit``
 run; a notebook can call it too, or call the functions in ``tables`` one by
-one. Tables are written as Parquet under ``out/tables/<name>/``; only
+one. Tables are written as Parquet under ``out/tables/<name>/``, several at
+once from driver threads (a small capture's cost is per job, not per row); only
 aggregates (never pair rows) come back to the driver, for ``summary.json``
 and the report, and the report shows at most ``REPORT_ROWS`` rows of a table.
 """
@@ -245,6 +246,9 @@ def _write_tables(spark: SparkSession, pairs: DataFrame, out: str, options: Opti
     futures: dict[str, Future] = {}
 
     def build(name: str, make) -> tuple[str, int]:
+        # A pool per table: under spark.scheduler.mode=FAIR (kproxy's local Spark) pools share
+        # the executors fairly; in one pool (FIFO) a small table queues behind a large one.
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", name)
         built = {need: spark.read.parquet(futures[need].result()[0]) for need in _NEEDS.get(name, ())}
         df = make(pairs, built, options, removed)
         path = os.path.join(out, "tables", name)
