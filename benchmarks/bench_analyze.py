@@ -10,6 +10,13 @@ the job's own progress lines) and peak resident memory of the Python driver
 and of its JVM (``VmHWM`` from /proc, polled while they run), and the load
 average around each run (the machine may be shared: compare runs made together).
 
+In the same run, unless ``--no-duckdb``, a single-process columnar engine
+(DuckDB, in its own process, ``DUCKDB_THREADS`` threads like ``local[2]``)
+computes the headline tables on the same files: per API and version (latency
+percentiles, bytes, errors), per client, per topic. Spark's wall time over
+DuckDB's is the overhead the Spark job's design pays. DuckDB is optional and
+benchmark-only (``pip install duckdb``); without it the ratio is left out.
+
 ``--code DIR`` (repeatable) runs the kproxy checked out at DIR instead of this
 one, so two commits are compared in one run on the same input: ``--code
 /path/to/old --code . --repeat 3`` alternates old and new three times per size
@@ -17,7 +24,7 @@ and prints each one's median wall time and the ratio of the medians.
 
     python benchmarks/bench_analyze.py [--rows 1000000,10000000] [--json] [--no-report]
         [--cache DIR] [--master local[2]] [--spark-conf KEY=VALUE ...] [--timeout S]
-        [--code DIR ...] [--repeat N]
+        [--code DIR ...] [--repeat N] [--no-duckdb]
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ FILES_PER_CHUNK = 2                # a capture rotating at ~35 MB (Parquet, zstd
 START = dt.datetime(2026, 11, 23, 0, 0, tzinfo=dt.timezone.utc)
 POLL_S = 0.2                       # /proc sampling period; VmHWM is the kernel's own peak, so it only
                                    # needs reading before the process exits
+DUCKDB_THREADS = 2                 # as many as local[2] gives Spark
 _STAGE = re.compile(r"^\[analyze\s+[\d.]+s\] (?:\d+/\d+ )?(?P<name>[^:]+): (?P<what>.*) \((?P<s>[\d.]+)s\)$")
 
 
@@ -195,6 +203,98 @@ def run_analyze(directory: Path, rows: int, args, code: Path = ROOT) -> dict:
     return result
 
 
+# The headline tables in DuckDB SQL, as close to ``kproxy.pipeline.tables`` as its functions
+# allow (exact quantiles instead of percentile_approx): the work a single process needs.
+_LONG_POLL = ("outcome = 'response' AND api_name IN ('Fetch', 'ShareFetch') "
+              "AND coalesce(record_count, 0) = 0")
+DUCKDB_TABLES = {
+    "api_latency": f"""
+        SELECT api_name, api_key, api_version, count(*) AS requests,
+               count_if(outcome = 'response') AS answered,
+               quantile_disc(CASE WHEN NOT ({_LONG_POLL}) THEN latency_ms END, [0.5, 0.95, 0.99]) AS q,
+               max(CASE WHEN NOT ({_LONG_POLL}) THEN latency_ms END) AS latency_max_ms,
+               count_if({_LONG_POLL}) AS long_polls,
+               quantile_disc(CASE WHEN {_LONG_POLL} THEN latency_ms END, [0.5, 0.99]) AS lq,
+               sum(request_size) AS request_bytes, sum(coalesce(response_size, 0)) AS response_bytes,
+               count_if(error_count > 0) AS error_pairs, count_if(coalesce(throttle_ms, 0) > 0) AS throttled,
+               max(throttle_ms) AS throttle_max_ms
+        FROM pairs GROUP BY ALL ORDER BY api_key, api_version""",
+    "clients": """
+        SELECT client_id, client_host,
+               count(DISTINCT (proxy_instance, connection_start, connection_id)) AS connections,
+               count(*) AS requests, sum(request_size) AS request_bytes,
+               sum(coalesce(response_size, 0)) AS response_bytes,
+               coalesce(sum(CASE WHEN api_name = 'Produce' AND error_count = 0
+                                  AND outcome <> 'unanswered' THEN record_count END), 0) AS records_produced,
+               coalesce(sum(CASE WHEN api_name IN ('Fetch', 'ShareFetch') THEN record_count END), 0)
+                   AS records_fetched,
+               count_if(error_count > 0) AS error_pairs,
+               list_sort(list(DISTINCT api_name || ' v' || api_version)) AS api_versions,
+               list_sort(list(DISTINCT concat_ws(' ', client_software_name, client_software_version)))
+                   AS software,
+               list_sort(list(DISTINCT proxy_instance)) AS proxies,
+               min(time) AS first_seen, max(time) AS last_seen
+        FROM pairs GROUP BY ALL ORDER BY requests DESC, client_id, client_host""",
+    "topics": """
+        WITH flows AS (
+            SELECT t.topic AS topic,
+                   CASE WHEN api_name = 'Produce' THEN 'producer' ELSE 'consumer' END AS role,
+                   client_id,
+                   api_name = 'Produce' AND NOT (error_count = 0 AND outcome <> 'unanswered') AS rejected,
+                   t.record_count AS record_count, t.record_bytes AS record_bytes
+            FROM (SELECT api_name, client_id, error_count, outcome, unnest(topic_records) AS t
+                  FROM pairs WHERE api_name IN ('Produce', 'Fetch', 'ShareFetch'))),
+        traffic AS (
+            SELECT topic,
+                   sum(CASE WHEN role = 'producer' AND NOT rejected THEN record_count ELSE 0 END)
+                       AS produced_records,
+                   sum(CASE WHEN role = 'producer' AND NOT rejected THEN record_bytes ELSE 0 END)
+                       AS produced_bytes,
+                   sum(CASE WHEN role = 'consumer' THEN record_count ELSE 0 END) AS fetched_records,
+                   sum(CASE WHEN role = 'consumer' THEN record_bytes ELSE 0 END) AS fetched_bytes,
+                   list_sort(list(DISTINCT client_id) FILTER (WHERE role = 'producer')) AS producers,
+                   list_sort(list(DISTINCT client_id) FILTER (WHERE role = 'consumer')) AS consumers
+            FROM flows GROUP BY topic),
+        named AS (SELECT unnest(topics) AS topic, count(*) AS pairs FROM pairs GROUP BY 1)
+        SELECT named.topic, pairs, coalesce(produced_records, 0) AS produced_records,
+               coalesce(produced_bytes, 0) AS produced_bytes, coalesce(fetched_records, 0) AS fetched_records,
+               coalesce(fetched_bytes, 0) AS fetched_bytes, producers, consumers
+        FROM named LEFT JOIN traffic USING (topic)
+        ORDER BY produced_records DESC, fetched_records DESC, topic""",
+}
+
+
+def duckdb_tables(directory: str) -> dict:
+    """(In the child process) DuckDB's time for the headline tables of the capture at ``directory``."""
+    import duckdb
+    began = time.monotonic()
+    db = duckdb.connect(config={"threads": DUCKDB_THREADS})
+    db.execute(f"CREATE VIEW pairs AS SELECT * FROM read_parquet('{directory}/*.parquet')")
+    stage_s, rows = {}, {}
+    for name, sql in DUCKDB_TABLES.items():
+        start = time.monotonic()
+        rows[name] = len(db.execute(sql).fetchall())
+        stage_s[name] = round(time.monotonic() - start, 2)
+    return {"wall_s": round(time.monotonic() - began, 2), "stage_s": stage_s, "rows": rows}
+
+
+def run_duckdb(directory: Path) -> dict | None:
+    """DuckDB's headline tables in a process of its own (interpreter start and import
+    included, as Spark's JVM start is); None when DuckDB is not installed."""
+    try:
+        import duckdb  # noqa: F401  (only whether it is there)
+    except ImportError:
+        return None
+    load_before = os.getloadavg()[0]
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, __file__, "--duckdb-child", str(directory)],
+                          capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout)
+    result["process_s"] = round(time.monotonic() - began, 2)
+    result["load_1min"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(str(r) for r in DEFAULT_ROWS),
@@ -212,8 +312,14 @@ def main() -> int:
                              "default: this checkout)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="runs per size and --code, alternating between the --code trees")
+    parser.add_argument("--no-duckdb", action="store_true",
+                        help="leave out DuckDB's time for the headline tables (and the ratio)")
+    parser.add_argument("--duckdb-child", metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.duckdb_child:
+        print(json.dumps(duckdb_tables(args.duckdb_child)))
+        return 0
     args.cache_dir = Path(args.cache)
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     codes = [Path(c).resolve() for c in args.code] or [ROOT]
@@ -221,18 +327,35 @@ def main() -> int:
         if not (code / "kproxy" / "pipeline").is_dir():
             parser.error(f"--code {code}: no kproxy/pipeline there")
     results = []
+    engines = []
     for rows in (int(r) for r in args.rows.split(",")):
         directory = capture(args.cache_dir, rows)
         for _ in range(args.repeat):
+            duck = None if args.no_duckdb else run_duckdb(directory)
+            if duck is not None:
+                duck["rows"], duck["table_rows"] = rows, duck["rows"]
+                engines.append(duck)
+                if not args.json:
+                    print(f"{rows:>12,} pairs  {duck['process_s']:7.2f} s  DuckDB ({DUCKDB_THREADS} threads, "
+                          f"own process; queries {duck['wall_s']:.2f} s: "
+                          + ", ".join(f"{k} {v:.2f} s / {duck['table_rows'][k]:,} rows"
+                                      for k, v in duck["stage_s"].items())
+                          + f")  load {duck['load_1min'][0]}-{duck['load_1min'][1]}", flush=True)
             for code in codes:
                 result = run_analyze(directory, rows, args, code)
+                if duck is not None:
+                    result["duckdb_s"] = duck["process_s"]
+                    result["x_duckdb"] = round(result["wall_s"] / duck["process_s"], 1)
                 results.append(result)
                 if "error" in result:
                     print(f"{rows:,} pairs: {result['error']} (log: {result['log']})", file=sys.stderr)
                 if not args.json:
                     speed = (f"{result['rows_per_s']:,} pairs/s" if result["rows_per_s"] else "did not finish")
                     label = f"  {code}" if len(codes) > 1 else ""
-                    print(f"{rows:>12,} pairs  {result['wall_s']:7.1f} s  {speed:>16}  "
+                    versus = f"  x{result['x_duckdb']:g} DuckDB" if "x_duckdb" in result else ""
+                    stages = ", ".join(f"{k} {v:g}" for k, v in result["stage_s"].items())
+                    print(f"{rows:>12,} pairs  stages (s): {stages}", flush=True)
+                    print(f"{rows:>12,} pairs  {result['wall_s']:7.1f} s  {speed:>16}{versus}  "
                           f"peak JVM {result['peak_jvm_mb']:,} MB, Python {result['peak_python_mb']:,} MB  "
                           f"load {result['load_1min'][0]}-{result['load_1min'][1]}{label}", flush=True)
         if len(codes) > 1 and not args.json:
@@ -241,7 +364,7 @@ def main() -> int:
         print(json.dumps({"python": platform.python_version(), "machine": platform.machine(),
                           "cpus": os.cpu_count(), "master": args.master, "report": not args.no_report,
                           "spark_conf": args.spark_conf, "repeat": args.repeat,
-                          "results": results}, indent=2))
+                          "results": results, "duckdb": engines}, indent=2))
     return 0
 
 

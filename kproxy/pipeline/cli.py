@@ -31,6 +31,15 @@ LOCAL_SHUFFLE_PARTITIONS_PER_CORE = 2
 LOCAL_DRIVER_MEMORY_SHARE = 0.25
 LOCAL_DRIVER_MEMORY_MIN_MB = 1024
 LOCAL_DRIVER_MEMORY_MAX_MB = 16 * 1024
+# More settings when kproxy starts a local Spark (PYSPARK_SUBMIT_ARGS wins over each):
+LOCAL_SETTINGS = {
+    # The web UI costs a second or more of start and a listener per task; a local run reports
+    # its own progress (job.Progress reads the status tracker, which needs no UI).
+    "spark.ui.enabled": "false",
+    # The job writes several tables at once from driver threads (job.CONCURRENT_TABLES):
+    # shared fairly, a table of a few tasks is not queued behind a large one's many tasks.
+    "spark.scheduler.mode": "FAIR",
+}
 LOG4J_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 # The JVM prints this line at start because Spark's launcher always passes
 # --add-modules=jdk.incubator.vector (Spark's JavaModuleOptions; no setting turns it off)
@@ -131,6 +140,9 @@ def session(master: str | None):
                                      str(LOCAL_SHUFFLE_PARTITIONS_PER_CORE * (os.cpu_count() or 1)))
             if "spark.driver.memory" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
                 builder = builder.config("spark.driver.memory", f"{local_driver_memory_mb()}m")
+            for key, value in LOCAL_SETTINGS.items():
+                if key not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+                    builder = builder.config(key, value)
         builder = (builder.master(master)
                    .config("spark.ui.showConsoleProgress", "false")      # Progress prints stages
                    .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"))

@@ -2,7 +2,8 @@
 
 ``analyze(spark, paths, out)`` is what ``kproxy analyze`` and ``spark-submit``
 run; a notebook can call it too, or call the functions in ``tables`` one by
-one. Tables are written as Parquet under ``out/tables/<name>/``; only
+one. Tables are written as Parquet under ``out/tables/<name>/``, several at
+once from driver threads (a small capture's cost is per job, not per row); only
 aggregates (never pair rows) come back to the driver, for ``summary.json``
 and the report, and the report shows at most ``REPORT_ROWS`` rows of a table.
 """
@@ -15,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pyspark import StorageLevel
@@ -35,6 +37,12 @@ WORST_P99_MIN_REQUESTS = 20       # an API needs this many pairs before its p99 
 PROGRESS_POLL_S = 2.0             # how often a long stage reports its tasks
 PROGRESS_QUIET_S = 5.0            # stages shorter than this print only their result
 PROGRESS_REPEAT_S = 15.0          # a stage whose task counts stand still still says it is alive
+# Tables written at once, each from its own driver thread (Spark runs jobs from several
+# threads side by side). A small capture's tables are each a few tiny jobs whose cost is
+# the driver's planning, code generation and task launching, not the data: run together,
+# those overlap, and the executors always have tasks. More at once only adds memory (every
+# running aggregation holds its hash map) without more cores to run them.
+CONCURRENT_TABLES = 4
 
 
 @dataclass
@@ -66,6 +74,7 @@ class Progress:
         self.total = total
         self.done = 0
         self.started = time.monotonic()
+        self._lock = threading.Lock()             # stages may run from several threads
 
     def _print(self, text: str) -> None:
         print(f"[analyze {time.monotonic() - self.started:6.1f}s] {text}", file=self.stream, flush=True)
@@ -75,10 +84,15 @@ class Progress:
 
     def stage(self, name: str, work, describe=str):
         """Run ``work()``, printing the stage, its tasks while it runs long, and ``describe(result)``."""
-        self.done += 1
-        label = f"{self.done}/{self.total} {name}" if self.total else name
+        with self._lock:
+            self.done += 1
+            label = f"{self.done}/{self.total} {name}" if self.total else name
         stop = threading.Event()
-        watcher = threading.Thread(target=self._watch, args=(label, stop), daemon=True)
+        # Stages may run side by side: the jobs this thread starts carry the stage's name as
+        # their group, so its watcher counts only their tasks.
+        group = f"kproxy-analyze-{name}"
+        self.spark.sparkContext.setJobGroup(group, name)
+        watcher = threading.Thread(target=self._watch, args=(label, group, stop), daemon=True)
         watcher.start()
         began = time.monotonic()
         try:
@@ -86,10 +100,11 @@ class Progress:
         finally:
             stop.set()
             watcher.join()
+            self.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
         self._print(f"{label}: {describe(result)} ({time.monotonic() - began:.1f}s)")
         return result
 
-    def _watch(self, label: str, stop: threading.Event) -> None:
+    def _watch(self, label: str, group: str, stop: threading.Event) -> None:
         """While a stage runs long: its task counts when they move, else a line now and then."""
         tracker = self.spark.sparkContext.statusTracker()
         began = time.monotonic()
@@ -98,8 +113,14 @@ class Progress:
             now = time.monotonic()
             if now - began < PROGRESS_QUIET_S:
                 continue
+            active = set(tracker.getActiveStageIds())
+            mine = set()
+            for job_id in tracker.getJobIdsForGroup(group):
+                job = tracker.getJobInfo(job_id)
+                if job is not None:
+                    mine.update(job.stageIds)
             done = total = 0
-            for stage_id in tracker.getActiveStageIds():
+            for stage_id in active & mine:
                 info = tracker.getStageInfo(stage_id)
                 if info is not None:
                     done += info.numCompletedTasks
@@ -128,6 +149,12 @@ def _rows(path: str, limit: int) -> list[dict]:
     naive = pa.schema([f.with_type(pa.timestamp(f.type.unit)) if pa.types.is_timestamp(f.type) else f
                        for f in table.schema])
     return table.cast(naive).to_pylist()
+
+
+def _arrow(path: str, columns: list[str]):
+    """A written table's ``columns`` as one Arrow table, read on the driver."""
+    import pyarrow.dataset as pads
+    return pads.dataset(path, format="parquet").to_table(columns=columns)
 
 
 def _iso(value) -> str | None:
@@ -163,6 +190,9 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
     stages = len(_PLAN) + 2 + (1 if options.report else 0)
     progress = progress or Progress(spark, total=stages)
     progress.total = stages
+    if options.report:
+        # matplotlib takes seconds to import: done while the driver waits on Spark anyway.
+        threading.Thread(target=_import_report, name="import-report", daemon=True).start()
     # Tables in the modern Parquet timestamp type (not Spark's legacy INT96), for every reader.
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     inputs, pairs = load_capture(spark, paths, options.fmt, options.since, options.until)
@@ -186,15 +216,9 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
                              + (" in the --since/--until range" if options.since or options.until else ""))
         os.makedirs(os.path.join(out, "tables"), exist_ok=True)
         result = Result(out=out, summary={})
-        built: dict[str, DataFrame] = {}
-        removed = T.removed_versions(spark)
-        for name, make in _PLAN:
-            df = make(pairs, built, options, removed)
-            path = os.path.join(out, "tables", name)
-            result.table_rows[name] = progress.stage(
-                name, lambda df=df, path=path: _write(df, path), lambda n: f"{n:,} rows")
-            built[name] = spark.read.parquet(path)
-            result.tables[name] = path
+        written = _write_tables(spark, pairs, out, options, progress)
+        for name, _ in _PLAN:                                # summary.json lists them in plan order
+            result.tables[name], result.table_rows[name] = written[name]
         progress.stage("summary.json", lambda: _summary(spark, head, inputs, result, options),
                        lambda s: f"{len(s['proxies'])} proxies, {s['client_ids']} client ids, "
                                  f"{s['topics']} topics")
@@ -208,6 +232,42 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
     finally:
         if cached.is_cached:
             cached.unpersist()
+
+
+def _write_tables(spark: SparkSession, pairs: DataFrame, out: str, options: Options,
+                  progress: Progress) -> dict[str, tuple[str, int]]:
+    """Write every table of ``_PLAN``, CONCURRENT_TABLES at a time: name -> (path, rows).
+
+    A table built from others (``_NEEDS``) starts once they are written and reads them
+    back from their Parquet. Tables are submitted in plan order, which lists a table after
+    those it needs, so a waiting table never holds back one it waits for.
+    """
+    removed = T.removed_versions(spark)
+    futures: dict[str, Future] = {}
+
+    def build(name: str, make) -> tuple[str, int]:
+        # A pool per table: under spark.scheduler.mode=FAIR (kproxy's local Spark) pools share
+        # the executors fairly; in one pool (FIFO) a small table queues behind a large one.
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", name)
+        built = {need: spark.read.parquet(futures[need].result()[0]) for need in _NEEDS.get(name, ())}
+        df = make(pairs, built, options, removed)
+        path = os.path.join(out, "tables", name)
+        rows = progress.stage(name, lambda: _write(df, path), lambda n: f"{n:,} rows")
+        return path, rows
+
+    with ThreadPoolExecutor(max_workers=CONCURRENT_TABLES, thread_name_prefix="table") as pool:
+        for name, make in _PLAN:
+            futures[name] = pool.submit(build, name, make)
+        try:
+            return {name: future.result() for name, future in futures.items()}
+        except BaseException:
+            for future in futures.values():          # a failed table: start no more of them
+                future.cancel()
+            raise
+
+
+def _import_report() -> None:
+    from . import report  # noqa: F401
 
 
 def _describe(inputs: Inputs) -> str:
@@ -237,23 +297,36 @@ _PLAN = (
     ("connections", lambda p, b, o, r: T.connections(p)),
 )
 TABLE_NAMES = tuple(name for name, _ in _PLAN)
+# Tables built from other tables (the ``built`` argument above), which must be written first.
+_NEEDS = {"anomalies": ("series",), "topics": ("topic_clients",),
+          "groups": ("rebalances", "group_members", "group_errors")}
 
 
 def _summary(spark: SparkSession, head: dict, inputs: Inputs, result: Result, options: Options) -> dict:
-    """The headline figures (summary.json): from the headline pass and the small tables."""
-    read = spark.read.parquet
+    """The headline figures (summary.json): from the headline pass and the small tables.
+
+    The tables are aggregates already written to the driver's disk (the report reads them
+    there too), so pyarrow reads them: a dozen tiny Spark jobs cost seconds, this costs
+    milliseconds.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
     paths = result.tables
-    errors = (read(paths["api_errors"]).groupBy("error").agg(F.sum("pairs").alias("pairs"))
-              .orderBy(F.desc("pairs"), "error").limit(SUMMARY_TOP).collect())
-    worst = (read(paths["api_latency"])
-             .where((F.col("requests") >= WORST_P99_MIN_REQUESTS) & F.col("latency_p99_ms").isNotNull())
-             .orderBy(F.desc("latency_p99_ms")).limit(1).collect())
-    groups = read(paths["groups"]).agg(F.count("*").alias("n"), F.sum("rebalances").alias("r")).first()
+    read = _arrow
+    by_error = read(paths["api_errors"], ["error", "pairs"]).group_by("error").aggregate([("pairs", "sum")])
+    errors = (pa.table({"error": by_error["error"], "pairs": by_error["pairs_sum"]})
+              .sort_by([("pairs", "descending"), ("error", "ascending")]).slice(0, SUMMARY_TOP).to_pylist())
+    latency = read(paths["api_latency"], ["api_name", "api_version", "latency_p99_ms", "requests"])
+    worst = (latency.filter(pc.and_(pc.greater_equal(latency["requests"], WORST_P99_MIN_REQUESTS),
+                                    pc.is_valid(latency["latency_p99_ms"])))
+             .sort_by([("latency_p99_ms", "descending")]).slice(0, 1).to_pylist())
+    groups = read(paths["groups"], ["rebalances"])
     # Distinct clients and connections of the pairs, from the tables keyed by them: one row
     # per (client_id, client_host), and every connection counted once per client and proxy.
-    clients = read(paths["clients"]).agg(F.countDistinct("client_id").alias("ids"),
-                                         F.countDistinct("client_host").alias("hosts")).first()
-    connections = read(paths["connections"]).agg(F.sum("connections").alias("n")).first()["n"] or 0
+    clients = read(paths["clients"], ["client_id", "client_host"])
+    apis = read(paths["api_latency"], ["api_name"])
+    removed = read(paths["upgrade_readiness"], ["client_id", "client_host"])
+    connections = pc.sum(read(paths["connections"], ["connections"])["connections"]).as_py() or 0
     first, last = head["first"], head["last"]
     summary = {
         "pairs": head["pairs"],
@@ -261,20 +334,19 @@ def _summary(spark: SparkSession, head: dict, inputs: Inputs, result: Result, op
         "last_time": _iso(last),
         "span_seconds": (last - first).total_seconds(),
         "proxies": head["proxies"],
-        "client_ids": clients["ids"],
-        "client_addresses": clients["hosts"],
+        "client_ids": pc.count_distinct(clients["client_id"]).as_py(),       # nulls not counted
+        "client_addresses": pc.count_distinct(clients["client_host"]).as_py(),
         "connections": connections,
-        "topics": read(paths["topics"]).count(),
-        "apis": read(paths["api_latency"]).select("api_name").distinct().count(),
+        "topics": read(paths["topics"], []).num_rows,
+        "apis": len(apis.group_by("api_name").aggregate([])),
         "top_errors": [{"error": r["error"], "pairs": r["pairs"]} for r in errors],
         "worst_p99": ({"api": worst[0]["api_name"], "version": worst[0]["api_version"],
                        "latency_p99_ms": worst[0]["latency_p99_ms"], "requests": worst[0]["requests"]}
                       if worst else None),
-        "groups": groups["n"],
-        "rebalances": groups["r"] or 0,
-        "anomalies": read(paths["anomalies"]).count(),
-        "clients_on_removed_versions": read(paths["upgrade_readiness"])
-        .select("client_id", "client_host").distinct().count(),
+        "groups": groups.num_rows,
+        "rebalances": pc.sum(groups["rebalances"]).as_py() or 0,
+        "anomalies": read(paths["anomalies"], []).num_rows,
+        "clients_on_removed_versions": len(removed.group_by(["client_id", "client_host"]).aggregate([])),
         "inputs": {"format": inputs.format, "files": len(inputs.files), "pruned_files": inputs.pruned},
         "capture_versions": head["versions"],
         "unreadable_rows": head["foreign"],
