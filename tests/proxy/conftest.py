@@ -22,7 +22,7 @@ import pytest
 
 from kproxy.embedded import KAFKA_4_VERSION, KafkaCluster
 from kproxy.protocol.connection import Connection
-from tests.proxy.harness import ProxyThread, Workers, free_ports
+from tests.proxy.harness import ProxyThread, Workers
 from tests.proxy.wire import WitnessClient, create_topic
 
 
@@ -32,14 +32,8 @@ def start_proxy(kafka_cluster, kproxy_log):
     with contextlib.ExitStack() as stack:
         def start(**settings) -> ProxyThread:
             settings.setdefault("upstream", kafka_cluster.bootstrap_servers)
-            if "broker_port_map" not in settings:
-                node_ids = [n.node_id for n in kafka_cluster.nodes]
-                settings.update(broker_port_rule="map",
-                                broker_port_map=dict(zip(node_ids, free_ports(len(node_ids)))))
             settings.setdefault("shutdown_timeout", 5.0)
-            proxy = stack.enter_context(ProxyThread(**settings))
-            proxy.broker_addresses = {("127.0.0.1", p) for p in settings["broker_port_map"].values()}
-            return proxy
+            return stack.enter_context(ProxyThread(**settings))     # every port chosen by the OS
         yield start
 
 
