@@ -153,14 +153,15 @@ def make_kafka_cluster() -> Iterator[Callable[..., KafkaCluster]]:
         cluster.stop()
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="session")
 def pki(tmp_path_factory) -> PKI:
+    """One set of test certificates for the session (the TLS brokers trust its CA)."""
     if not openssl_available():
         pytest.fail("the openssl command is needed to make test certificates", pytrace=False)
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="session")
 def sasl_cluster(require_kafka) -> Iterator[KafkaCluster]:
     """One node with SASL_PLAINTEXT on CLIENT: PLAIN (JAAS users) and SCRAM-SHA-512."""
     require_kafka(KAFKA_4_VERSION)

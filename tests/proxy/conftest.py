@@ -4,7 +4,8 @@
 - ``start_proxy``: kproxies in front of ``kafka_cluster``, stopped after the test;
 - ``topic``: a one-partition topic per test module;
 - ``client_bytes``: every byte kproxy forwards to clients, for the leak scans;
-- ``cluster3``, ``tls_cluster``: a three-node cluster and a TLS-only node, per test class;
+- ``cluster3``, ``tls_cluster``: a three-node cluster and a TLS-only node, one each per session
+  (tests that stop a node start it again);
 - ``node_ids``, ``workers_proxy``, ``workers_topic``: ``kproxy run --workers 2`` and a topic
   through it, one per module.
 
@@ -76,14 +77,14 @@ def client_bytes(monkeypatch):
 
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="session")
 def cluster3(require_kafka) -> Iterator[KafkaCluster]:
     require_kafka(KAFKA_4_VERSION)
     with KafkaCluster(3) as cluster:
         yield cluster
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="session")
 def tls_cluster(require_kafka, pki) -> Iterator[KafkaCluster]:
     """One node whose CLIENT listener is TLS only and requires a client certificate."""
     require_kafka(KAFKA_4_VERSION)
