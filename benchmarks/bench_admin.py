@@ -39,7 +39,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks.bench_proxy import free_port, stop_process  # noqa: E402
+from benchmarks.bench_proxy import stop_process  # noqa: E402
+from kproxy.embedded._support import free_port  # noqa: E402
 
 PROBE_INTERVAL_S = 0.05
 PROBE_TIMEOUT_S = 30.0

@@ -36,6 +36,8 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))
+from kproxy.embedded._support import free_port  # noqa: E402
 
 DEFAULT_HALF_FRAMES = 2000
 DEFAULT_FRAME_BYTES = 256 * 1024      # a Produce of ordinary size: held whole, never streamed
@@ -44,12 +46,6 @@ PEAK_WAIT_S = 30.0                    # most the burst may take to be read by kp
 START_TIMEOUT_S = 30.0
 GLIBC_TRIM_THRESHOLD = 128 * 1024     # glibc's own M_TRIM_THRESHOLD default
 KPROXY_MMAP_THRESHOLD = 32 * 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss(pid: int) -> int:

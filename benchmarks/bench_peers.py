@@ -44,8 +44,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_proxy import ProxyProcess, consume, free_port, produce, stop_process  # noqa: E402
+from benchmarks.bench_proxy import ProxyProcess, consume, produce, stop_process  # noqa: E402
 from kproxy.embedded import recv_exactly  # noqa: E402
+from kproxy.embedded._support import free_port, free_ports  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PEERS = HERE.parent.parent / "shared" / "peers"
@@ -210,7 +211,7 @@ class KroxyliciousPath(_Path):
     def __enter__(self):
         # Ports chosen just before it starts: its node ports (bootstrap + 1 + node id) are
         # not reserved, and the other proxies' listeners take ports as they start.
-        self.bootstrap = f"127.0.0.1:{_free_port_run(4)}"
+        self.bootstrap = f"127.0.0.1:{free_ports(4, consecutive=True)[0]}"
         upstream = self.upstream
         self.config.write_text(f"""\
 management:
@@ -237,25 +238,6 @@ virtualClusters:
 
     def __exit__(self, *exc):
         stop_process(self.process)
-
-
-def _free_port_run(n: int) -> int:
-    """A port p with p .. p+n-1 all free now (Kroxylicious derives node ports from it)."""
-    for _ in range(100):
-        base = free_port()
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no run of free ports")
 
 
 class RelayPath(_Path):

@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kproxy.embedded._support import free_port  # noqa: E402
 
 DEFAULT_RECORDS = 100_000
 DEFAULT_SIZE = 1024
@@ -51,12 +51,6 @@ def stop_process(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # How long kproxy may take to answer /readyz after it was launched (imports included).

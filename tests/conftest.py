@@ -153,8 +153,9 @@ def make_kafka_cluster() -> Iterator[Callable[..., KafkaCluster]]:
         cluster.stop()
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="session")
 def pki(tmp_path_factory) -> PKI:
+    """One set of test certificates for the session (the TLS brokers trust its CA)."""
     if not openssl_available():
         pytest.fail("the openssl command is needed to make test certificates", pytrace=False)
     return make_pki(tmp_path_factory.mktemp("pki"))
@@ -176,7 +177,7 @@ def sasl_cluster_settings() -> dict[str, Any]:
     return {"extra_config": extra, "format_args": ["--add-scram", scram]}
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="session")
 def sasl_cluster(require_kafka) -> Iterator[KafkaCluster]:
     """One node with SASL_PLAINTEXT on CLIENT: PLAIN (JAAS users) and SCRAM-SHA-512."""
     require_kafka(KAFKA_4_VERSION)

@@ -57,6 +57,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kproxy.embedded import recv_exactly  # noqa: E402
+from kproxy.embedded._support import free_port  # noqa: E402
 from kproxy.protocol._codec import write_uvarint  # noqa: E402
 from kproxy.protocol.connection import (MalformedFrame, RequestReceived,  # noqa: E402
                                         ResponseReceived, SaslTokenPassed)
@@ -158,12 +159,6 @@ class RelayThread:
     @property
     def bootstrap(self) -> str:
         return f"{self.listen[0]}:{self.listen[1]}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ProxiedBroker:

@@ -18,6 +18,7 @@ import os
 import socket
 import struct
 import subprocess
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -36,6 +37,18 @@ LOG_TAIL_LINES = 60
 # Responses larger than this are not Metadata-without-topics answers; refuse rather than
 # allocate whatever a confused peer announces.
 MAX_PROBE_RESPONSE_BYTES = 1 << 20
+
+# Where the kernel picks ports for port-0 binds and outgoing connections
+# (ip_local_port_range(7)); Linux's default when it cannot be read.
+EPHEMERAL_RANGE_PATH = Path("/proc/sys/net/ipv4/ip_local_port_range")
+DEFAULT_EPHEMERAL_RANGE = (32768, 60999)
+# Ports picked ahead start here: below it sit the well-known ports and the registered
+# ones that services on a developer's machine commonly use (databases, 8080, 9092 ...).
+FIRST_PICKED_PORT = 10000
+MAX_PORT = 65535
+LOOPBACK_HOST = "127.0.0.1"
+# Any large odd number coprime to the range sizes works; it scatters consecutive pids.
+_PID_SPREAD = 7919
 
 _METADATA_API_KEY = 3
 _METADATA_VERSION = 1
@@ -57,12 +70,93 @@ class BrokerAddress(NamedTuple):
     port: int
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports that are free right now: all sockets are held open together so they differ.
+def ephemeral_port_range(path: Path = EPHEMERAL_RANGE_PATH) -> tuple[int, int]:
+    """The kernel's ephemeral range (lowest, highest), inclusive: where port 0 binds land."""
+    try:
+        low, high = map(int, path.read_text().split())
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL_RANGE
+    return low, high
 
-    Another process can still take a port between this call and the broker binding it;
-    on a test machine that is rare enough to accept.
+
+def _outside(ephemeral: tuple[int, int]) -> list[range]:
+    low, high = ephemeral
+    below = range(FIRST_PICKED_PORT, min(low, MAX_PORT + 1))
+    above = range(max(high + 1, FIRST_PICKED_PORT), MAX_PORT + 1)
+    return [r for r in (below, above) if len(r)]
+
+
+class PortAllocator:
+    """Loopback ports to be handed to a listener that must know its port before it binds.
+
+    Why not bind port 0, read the port and close (the usual trick): the kernel hands that
+    very port to the next port-0 bind, or to an outgoing connection, of any process, so a
+    kproxy told "bind 0" (or a client) can take it before the broker it was picked for
+    binds it. A test run lost that race (kproxy listened on an OS-chosen port, then node 1
+    was given the same port). Here ports come from *outside* the kernel's ephemeral range,
+    where the kernel never picks one by itself, so no OS-chosen port can ever take it; one
+    allocator per process hands out each port once only, so no two picks in a test run
+    repeat; each port is still checked by binding it (something else may listen there); and
+    each process starts at an offset derived from its pid, so parallel test runs on one
+    machine walk different stretches. Where the range leaves no room outside it, ports
+    fall back to the usual trick.
     """
+
+    def __init__(self, ephemeral: tuple[int, int] | None = None, pid: int | None = None) -> None:
+        self.pid = os.getpid() if pid is None else pid
+        self._lock = threading.Lock()
+        self._ranges = _outside(ephemeral or ephemeral_port_range())
+        self._size = sum(len(r) for r in self._ranges)
+        self._cursor = self.pid * _PID_SPREAD % self._size if self._size else 0
+        self._handed_out = 0
+
+    @property
+    def ranges(self) -> list[range]:
+        """Where this allocator picks from: every port outside the ephemeral range."""
+        return list(self._ranges)
+
+    def _port_at(self, index: int) -> int:
+        index %= self._size
+        for r in self._ranges:
+            if index < len(r):
+                return r[index]
+            index -= len(r)
+        raise AssertionError("unreachable: index is below the total size")
+
+    def take(self, count: int, host: str = LOOPBACK_HOST, *, consecutive: bool = False) -> list[int]:
+        """``count`` ports, each free now and never handed out before by this allocator;
+        ``consecutive``: p, p+1, ... (for rules that derive ports from a base)."""
+        if not self._size:
+            return _os_chosen_ports(count, host)
+        with self._lock:
+            picked: list[int] = []
+            while len(picked) < count:
+                if self._handed_out + 1 > self._size:
+                    raise EmbeddedBrokerError("every port outside the ephemeral range was handed out")
+                port = self._port_at(self._cursor)
+                self._cursor += 1
+                self._handed_out += 1
+                if consecutive and picked and port != picked[-1] + 1:
+                    picked = []                       # a gap (range end, wrap): start a new run
+                if _bindable(host, port):
+                    picked.append(port)
+                elif consecutive:
+                    picked = []                       # the run is broken: start after it
+            return picked
+
+
+def _bindable(host: str, port: int) -> bool:
+    # No SO_REUSEADDR: a port some socket still holds in TIME_WAIT is refused too, so the
+    # check is at least as strict as the listener that will bind it.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _os_chosen_ports(count: int, host: str) -> list[int]:
     sockets = []
     try:
         for _ in range(count):
@@ -73,6 +167,32 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+_allocator: PortAllocator | None = None
+_allocator_lock = threading.Lock()
+
+
+def port_allocator() -> PortAllocator:
+    """This process's one allocator (made on first use, so a forked child gets its own)."""
+    global _allocator
+    with _allocator_lock:
+        if _allocator is None or _allocator.pid != os.getpid():
+            _allocator = PortAllocator()
+        return _allocator
+
+
+def free_ports(count: int, host: str = LOOPBACK_HOST, *, consecutive: bool = False) -> list[int]:
+    """``count`` distinct ports for listeners that must be told their port before they bind
+    (a Kafka broker's listeners, fixed port rules under test, a port meant to refuse
+    connections). See ``PortAllocator`` for why they cannot collide. A listener that can
+    bind port 0 and report what it got should do that instead."""
+    return port_allocator().take(count, host, consecutive=consecutive)
+
+
+def free_port(host: str = LOOPBACK_HOST) -> int:
+    """One port from ``free_ports``."""
+    return free_ports(1, host)[0]
 
 
 def _metadata_request() -> bytes:

@@ -25,7 +25,7 @@ import pytest
 
 from kproxy import config as kconfig
 from kproxy.observers.capture.files import FileSet, directory_in_root, open_directory
-from tests.proxy.harness import ProxyProcess, ProxyThread, free_port
+from tests.proxy.harness import ProxyProcess, ProxyThread
 from tests.proxy.wire import API_VERSIONS, API_VERSIONS_FIELDS, RawClient
 
 TOKEN = secrets.token_hex(24)
@@ -53,7 +53,7 @@ def call(url: str, body: dict | bytes | None = None, token: str | None = TOKEN,
 
 def proxy_without_broker(**settings) -> ProxyThread:
     """A real kproxy whose upstream is unreachable: the admin listener is all these tests need."""
-    return ProxyThread(upstream="127.0.0.1:1", broker_port_base=free_port(), **settings)
+    return ProxyThread(upstream="127.0.0.1:1", **settings)
 
 
 def tree(directory: Path) -> set[str]:
@@ -79,8 +79,7 @@ def test_capture_over_the_admin_listener(kafka_cluster, tmp_path):
     from kafka import KafkaProducer
 
     capture_dir = tmp_path / "capture"
-    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, broker_port_rule="map",
-                     broker_port_map={n.node_id: free_port() for n in kafka_cluster.nodes},
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers,
                      capture={"directory": str(capture_dir), "formats": "jsonl,parquet"},
                      admin_token=TOKEN) as proxy:
         admin = proxy.admin_url
@@ -176,8 +175,7 @@ def test_the_size_cap_deletes_only_files_this_capture_wrote(kafka_cluster, root)
     for path, data in theirs.items():
         path.write_bytes(data)
         os.utime(path, (946684800, 946684800))           # older than anything the capture writes
-    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, broker_port_rule="map",
-                     broker_port_map={n.node_id: free_port() for n in kafka_cluster.nodes},
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers,
                      capture_root=str(root), admin_token=TOKEN) as proxy:
         formats = ["jsonl", "pcapng"]      # Parquet's footer alone passes 4 KiB: its size is approximate
         status, body = call(proxy.admin_url + "/capture/start",

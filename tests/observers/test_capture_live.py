@@ -17,7 +17,7 @@ import pytest
 from kproxy.observers.capture import Capture, CaptureConfig
 from kproxy.protocol.connection import RequestReceived, ResponseReceived
 from tests.observers.captures import files, read_jsonl, read_parquet, tshark
-from tests.proxy.harness import ProxyThread, free_ports, kafka_python_group_consumer
+from tests.proxy.harness import ProxyThread, kafka_python_group_consumer
 
 pytestmark = [
     pytest.mark.broker,
@@ -55,11 +55,9 @@ def test_capture_real_client_traffic(kafka_cluster, tmp_path):
                     pairs.append((info.id, e.correlation_id, e.api_key, "no_response"))
 
     nodes = kafka_cluster.nodes
-    ports = free_ports(len(nodes))
     topic = f"cap-{uuid.uuid4().hex[:8]}"
-    with ProxyThread(observers=[record, capture, CloseWatcher()], upstream=kafka_cluster.bootstrap_servers,
-                     broker_port_rule="map",
-                     broker_port_map={n.node_id: p for n, p in zip(nodes, ports)}) as proxy:
+    with ProxyThread(observers=[record, capture, CloseWatcher()],
+                     upstream=kafka_cluster.bootstrap_servers) as proxy:
         common = dict(bootstrap_servers=proxy.bootstrap, api_version=(2, 5, 0))
         producer = KafkaProducer(client_id="cap-producer", acks=1, linger_ms=5, **common)
         for i in range(50):
@@ -157,12 +155,9 @@ def test_capture_v2_columns_from_real_consumer_groups(kafka_cluster, tmp_path):
         if any(isinstance(e, ResponseReceived) and e.api_key == 12 for e in events):    # Heartbeat
             heartbeats.set()
 
-    nodes = kafka_cluster.nodes
-    ports = free_ports(len(nodes))
     topic = f"cap2-{uuid.uuid4().hex[:8]}"
     classic, kip848 = f"classic-{topic}", f"kip848-{topic}"
-    with ProxyThread(observers=[watch], upstream=kafka_cluster.bootstrap_servers, instance_name="cap-live-7",
-                     broker_port_rule="map", broker_port_map={n.node_id: p for n, p in zip(nodes, ports)}) as proxy:
+    with ProxyThread(observers=[watch], upstream=kafka_cluster.bootstrap_servers, instance_name="cap-live-7") as proxy:
         capture = proxy.runtime.capture
         capture.start(CaptureConfig(directory=str(tmp_path), formats=("jsonl", "parquet")))
         producer = Producer({"bootstrap.servers": proxy.bootstrap, "client.id": "v2-producer"})

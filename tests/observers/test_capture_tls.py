@@ -12,7 +12,7 @@ import pytest
 
 from kproxy.observers.capture import Capture, CaptureConfig
 from tests.proxy.certs import make_pki, openssl_available
-from tests.proxy.harness import ProxyThread, free_ports
+from tests.proxy.harness import ProxyThread
 
 pytestmark = pytest.mark.broker
 
@@ -27,10 +27,7 @@ def test_tls_session_is_captured_in_plaintext(kafka_cluster, tmp_path):
     capture_dir = tmp_path / "capture"
     capture.start(CaptureConfig(directory=str(capture_dir), formats=("jsonl", "pcapng")))
     topic = f"secret-plans-{uuid.uuid4().hex[:6]}"
-    nodes = kafka_cluster.nodes
     with ProxyThread(observers=[capture], upstream=kafka_cluster.bootstrap_servers,
-                     broker_port_rule="map",
-                     broker_port_map=dict(zip([n.node_id for n in nodes], free_ports(len(nodes)))),
                      tls_server={"cert_file": str(pki.server.cert), "key_file": str(pki.server.key)}) as proxy:
         producer = Producer({"bootstrap.servers": proxy.bootstrap, "security.protocol": "SSL",
                              "ssl.ca.location": str(pki.ca),
@@ -51,7 +48,7 @@ def test_tls_session_is_captured_in_plaintext(kafka_cluster, tmp_path):
     tshark = shutil.which("tshark")
     if tshark is None:
         pytest.fail("tshark is not installed (scripts/setup.sh installs it)")
-    broker_port = nodes[0].port
+    broker_port = kafka_cluster.nodes[0].port
     out = subprocess.run([tshark, "-r", str(pcap), "-d", f"tcp.port=={broker_port},kafka", "-Y", "kafka",
                           "-T", "fields", "-e", "kafka.api_key"],
                          capture_output=True, text=True, timeout=120)

@@ -4,7 +4,8 @@
 - ``start_proxy``: kproxies in front of ``kafka_cluster``, stopped after the test;
 - ``topic``: a one-partition topic per test module;
 - ``client_bytes``: every byte kproxy forwards to clients, for the leak scans;
-- ``cluster3``, ``tls_cluster``: a three-node cluster and a TLS-only node, per test class;
+- ``cluster3``, ``tls_cluster``: a three-node cluster and a TLS-only node, one each per session
+  (tests that stop a node start it again);
 - ``node_ids``, ``workers_proxy``, ``workers_topic``: ``kproxy run --workers 2`` and a topic
   through it, one per module.
 
@@ -22,7 +23,7 @@ import pytest
 
 from kproxy.embedded import KAFKA_4_VERSION, KafkaCluster
 from kproxy.protocol.connection import Connection
-from tests.proxy.harness import ProxyThread, Workers, free_ports
+from tests.proxy.harness import ProxyThread, Workers
 from tests.proxy.wire import WitnessClient, create_topic
 
 
@@ -32,14 +33,8 @@ def start_proxy(kafka_cluster, kproxy_log):
     with contextlib.ExitStack() as stack:
         def start(**settings) -> ProxyThread:
             settings.setdefault("upstream", kafka_cluster.bootstrap_servers)
-            if "broker_port_map" not in settings:
-                node_ids = [n.node_id for n in kafka_cluster.nodes]
-                settings.update(broker_port_rule="map",
-                                broker_port_map=dict(zip(node_ids, free_ports(len(node_ids)))))
             settings.setdefault("shutdown_timeout", 5.0)
-            proxy = stack.enter_context(ProxyThread(**settings))
-            proxy.broker_addresses = {("127.0.0.1", p) for p in settings["broker_port_map"].values()}
-            return proxy
+            return stack.enter_context(ProxyThread(**settings))     # every port chosen by the OS
         yield start
 
 
@@ -82,14 +77,14 @@ def client_bytes(monkeypatch):
 
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="session")
 def cluster3(require_kafka) -> Iterator[KafkaCluster]:
     require_kafka(KAFKA_4_VERSION)
     with KafkaCluster(3) as cluster:
         yield cluster
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="session")
 def tls_cluster(require_kafka, pki) -> Iterator[KafkaCluster]:
     """One node whose CLIENT listener is TLS only and requires a client certificate."""
     require_kafka(KAFKA_4_VERSION)

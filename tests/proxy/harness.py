@@ -36,6 +36,7 @@ import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
 from kproxy import config as config_module
+from kproxy.embedded._support import free_port, free_ports  # noqa: F401  (tests import them from here)
 from kproxy.runtime import Runtime
 from tests.proxy.certs import PKI
 
@@ -64,27 +65,6 @@ def http_status(url: str, timeout: float = ANSWER_TIMEOUT_S) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct loopback ports free right now (all bound at once, so no repeats).
-
-    Free *now* only: another process may take one before it is used. Only for tests of
-    fixed port rules; kproxy's own ports are best left to the OS (``ProxyThread``'s
-    default), which kproxy binds first and then advertises.
-    """
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
 
 
 def _proc_stat(pid: int) -> list[str] | None:
@@ -166,6 +146,8 @@ class ProxyThread:
     def served_broker_addresses(self) -> set[tuple[str, int]]:
         """The broker addresses kproxy hands out now (gateway: listeners it has bound)."""
         return set(self.runtime.proxy.broker_addresses().values())
+
+    broker_addresses = property(served_broker_addresses)
 
 
 def _serve_in_child(settings: dict, conn) -> None:

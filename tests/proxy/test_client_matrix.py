@@ -920,8 +920,8 @@ def test_leak_check_catches_an_unrewritten_address(kafka4: Target, traffic: Traf
     from kproxy.proxy.relay import start_relay
 
     broker = kafka4.cluster.nodes[0]
-    [port] = free_ports(1)
-    server = kafka4.proxy.call(start_relay((LOOPBACK, port), (broker.host, broker.port)))
+    server = kafka4.proxy.call(start_relay((LOOPBACK, 0), (broker.host, broker.port)))
+    port = server.sockets[0].getsockname()[1]                  # chosen by the OS
     try:
         listed = metadata_brokers(LOOPBACK, port)
     finally:

@@ -176,7 +176,7 @@ class TestThreeBrokers:
         nodes = cluster3.nodes
         settings = {}
         if rule == "offset":
-            base = consecutive_free_ports(len(nodes) + 1)
+            base = free_ports(len(nodes) + 1, consecutive=True)[0]
             for node in nodes:
                 settings[node.node_id] = dict(listen=f"127.0.0.1:{base + node.node_id}",
                                               broker_port_base=base)
@@ -241,23 +241,6 @@ class TestThreeBrokers:
         assert len(controllers) == 3
         assert_no_upstream_address(client_bytes, [*upstream_addresses(cluster3), *controllers],
                                    advertised)
-
-
-def consecutive_free_ports(count: int) -> int:
-    """A base port with base+1 … base+count-1 free as well (for the offset rule)."""
-    for _ in range(100):
-        base = free_ports(1)[0]
-        if base + count > 65535:
-            continue
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(base, base + count):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise AssertionError(f"no {count} consecutive free ports")
 
 
 # ---------------------------------------------------------------- TLS
@@ -361,7 +344,6 @@ class TestTLS:
         caplog.set_level(logging.INFO, logger="kproxy")
         def proxy_to_impostor(check_hostname: bool) -> ProxyThread:
             return ProxyThread(upstream=f"{impostor.address[0]}:{impostor.address[1]}",
-                               broker_port_rule="map", broker_port_map={1: free_ports(1)[0]},
                                tls_client={"ca_file": str(pki.ca), "check_hostname": check_hostname},
                                shutdown_timeout=SHUTDOWN_TIMEOUT_S)
 
@@ -386,9 +368,7 @@ class TestTLS:
 
     def test_untrusted_broker_certificate_fails_closed(self, tls_cluster, pki, caplog):
         caplog.set_level(logging.INFO, logger="kproxy")
-        ports = {1: free_ports(1)[0]}
-        with ProxyThread(upstream=tls_cluster.bootstrap_servers, broker_port_rule="map",
-                         broker_port_map=ports, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        with ProxyThread(upstream=tls_cluster.bootstrap_servers, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
                          tls_client={"ca_file": str(pki.other_ca)}) as proxy:
             client = RawClient(proxy.bootstrap)
             client.send(b"\x00\x00\x00\x0a" + b"\x00" * 10)

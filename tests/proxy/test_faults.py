@@ -104,8 +104,8 @@ def test_broker_killed_mid_stream(make_kafka_cluster, kproxy_log):
     port = free_ports(1)[0]
     with ProxyThread(upstream=cluster.bootstrap_servers, broker_port_rule="map",
                      broker_port_map={1: port}, shutdown_timeout=5.0) as proxy:
-        proxy.broker_addresses = {("127.0.0.1", port)}
         assert_served(proxy, topic)
+        assert proxy.broker_addresses == {("127.0.0.1", port)}
         pollers = [RawClient(proxy.bootstrap), RawClient(("127.0.0.1", port))]
         for poller in pollers:
             start_long_poll(poller, topic, LONG_POLL_MS)

@@ -16,7 +16,7 @@ import pytest
 
 from kproxy.protocol import Response, Struct, encode_response, new_body
 from kproxy.proxy.rewrite import node_addresses
-from tests.proxy.harness import ProxyThread, free_port, open_fds
+from tests.proxy.harness import ProxyThread, free_ports, open_fds
 from tests.proxy.wire import (DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA, RawClient, StandInBroker,
                              answer_naming)
 
@@ -80,7 +80,7 @@ def test_brokers_replaced_over_time_never_use_up_max_brokers(kproxy_log):
 @pytest.mark.parametrize("odd", [70_000, 2**31 - 1, "below"])
 def test_a_node_with_no_port_by_the_rule_is_left_out_not_an_internal_error(kproxy_log, odd):
     """The offset rule gives node N port base + N: past 65,535 (or below 1) there is none."""
-    base = free_port() - 1                               # node 1's port is free
+    base = free_ports(2, consecutive=True)[0] - 1        # nodes 1 and 2's ports are free
     odd = -base - 10 if odd == "below" else odd
     with StandInBroker(brokers_answer([1, odd, 2])) as broker, \
             ProxyThread(upstream=broker.address, broker_port_base=base) as proxy:

@@ -43,7 +43,7 @@ from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy.server import Proxy
 from kproxy.proxy.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
 from tests.proxy.addresses import REWRITE_CASES
-from tests.proxy.certs import SNI_DOMAIN, make_pki, openssl_available
+from tests.proxy.certs import SNI_DOMAIN
 from tests.proxy.cluster import (
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
     assert_no_upstream_address, create_topic, leads_again, port_free_on, stop_partition_0_leader,
@@ -176,13 +176,6 @@ def test_cli_flags_and_env_reach_the_config(pki):
 
 
 # ---------------------------------------------------------------- without a broker
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    if not openssl_available():
-        pytest.fail("the openssl command is needed to make test certificates", pytrace=False)
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
 
 def sni_tls_server(pki, **extra) -> dict:
     return {"cert_file": str(pki.sni.cert), "key_file": str(pki.sni.key), **extra}

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from tests.proxy.harness import KproxyProcess, free_ports, http_status
+from tests.proxy.harness import KproxyProcess, http_status
 from tests.proxy.wire import FETCH, FETCH_VERSION, RawClient, fetch_fields
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -43,10 +43,8 @@ def proc_status(pid: int) -> dict[str, int]:
 @pytest.fixture
 def kproxy_process(kafka_cluster, tmp_path):
     """``kproxy run`` in its own process (its memory is measured alone), in front of the broker."""
-    listen, admin, *broker_ports = free_ports(2 + len(kafka_cluster.nodes))     # all distinct
-    with KproxyProcess(tmp_path, upstream=kafka_cluster.bootstrap_servers, listen=f"127.0.0.1:{listen}",
-                       admin_listen=f"127.0.0.1:{admin}", broker_port_rule="map",
-                       broker_port_map={n.node_id: p for n, p in zip(kafka_cluster.nodes, broker_ports)}) as kproxy:
+    with KproxyProcess(tmp_path, upstream=kafka_cluster.bootstrap_servers,
+                       broker_port_base=0) as kproxy:          # broker listeners: ports chosen by the OS
         yield kproxy
 
 
