@@ -124,6 +124,7 @@ def test_worker_config_divides_the_limits_and_keeps_the_admin_port_private():
 
 def test_each_worker_writes_its_own_audit_file():
     config = config_module.build({"upstream": "b:9092", "listen": "0.0.0.0:9092", "workers": 2,
+                                  "advertised_host": "kproxy.example.com",
                                   "audit": {"path": "/var/log/kproxy/audit.jsonl", "keep": 3}})
     assert [worker_config(config, i, "t" * 32).audit.path for i in range(2)] == \
         ["/var/log/kproxy/audit-w0.jsonl", "/var/log/kproxy/audit-w1.jsonl"]

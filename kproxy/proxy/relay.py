@@ -484,7 +484,7 @@ class BufferBudget:
     def __init__(self, limit: int, trim: Callable[[], object] = give_back_memory):
         self.limit = limit
         self.held = 0
-        self.peak = 0                            # most held since the last trim
+        self.peak = 0                            # most in use (held + reserved) since the last trim
         self.trims = 0                           # trims run (for tests and logs)
         self._trim = trim
         self._trim_timer: asyncio.TimerHandle | None = None
@@ -510,8 +510,7 @@ class BufferBudget:
             endpoint.pause("buffer budget")
         else:
             self.reading.add(endpoint)
-        if self.held > self.peak:
-            self.peak = self.held
+        self._note_peak()
         if freed:
             self._release()
             self._burst_over()
@@ -525,9 +524,23 @@ class BufferBudget:
         return self.reserved + frame_bytes <= self.limit * ASSEMBLY_SHARE
 
     def reserve(self, endpoint: Endpoint, reserved: int) -> None:
-        self.reserved += reserved - self._reservations.pop(endpoint, 0)
+        before = self._reservations.pop(endpoint, 0)
+        self.reserved += reserved - before
         if reserved:
             self._reservations[endpoint] = reserved
+        self._note_peak()
+        if reserved < before:
+            self._burst_over()
+
+    @property
+    def in_use(self) -> int:
+        """Frame memory allocated now: bytes arrived plus buffers allocated whole for the rest
+        (what a burst makes the process hold, and so what a trim after it gives back)."""
+        return self.held + self.reserved
+
+    def _note_peak(self) -> None:
+        if self.in_use > self.peak:
+            self.peak = self.in_use
 
     def forget(self, endpoint: Endpoint) -> None:
         """The connection closed: its frames are gone."""
@@ -541,7 +554,7 @@ class BufferBudget:
 
     def _burst_over(self) -> None:
         """Held bytes fell: if a burst is over, give memory back once things stay quiet."""
-        if (self.peak < TRIM_AFTER_BURST_BYTES or self.held > self.peak // 4
+        if (self.peak < TRIM_AFTER_BURST_BYTES or self.in_use > self.peak // 4
                 or self._trim_timer is not None):
             return
         loop = asyncio.get_running_loop()
@@ -550,10 +563,10 @@ class BufferBudget:
 
     def _trim_now(self) -> None:
         self._trim_timer = None
-        if self.held > self.peak // 4:           # another burst began: trim after it
+        if self.in_use > self.peak // 4:         # another burst began: trim after it
             return
         loop = asyncio.get_running_loop()
-        self.peak = self.held
+        self.peak = self.in_use
         self._last_trim = loop.time()
         self.trims += 1
         log.debug("giving memory back after a burst (%d bytes still held)", self.held)
