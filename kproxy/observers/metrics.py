@@ -234,6 +234,15 @@ class _BatchTotals:
         self.batches = dict.fromkeys(CODEC_NAMES, 0)
 
 
+def _by_reason(name: str, documentation: str, reasons, registry) -> Counter:
+    """A counter labelled ``reason`` from a fixed set, every reason exported from the start
+    at zero (alerts and dashboards can rate() a reason before it first happens)."""
+    counter = Counter(name, documentation, ["reason"], registry=registry)
+    for reason in reasons:
+        counter.labels(reason)
+    return counter
+
+
 class Metrics:
     """The metrics observer. Call it with (connection info, events); scrape ``registry``."""
 
@@ -293,30 +302,24 @@ class Metrics:
         self.connections_closed = Counter("kproxy_connections_closed_total",
                                           "Client connections closed, by reason",
                                           ["listener", "reason"], registry=r)
-        self.tls_handshake_failures = Counter(
+        self.tls_handshake_failures = _by_reason(
             "kproxy_tls_handshake_failures_total",
             "Client TLS handshakes that failed, by cause (plaintext or HTTP on a TLS listener, "
-            "certificate problems, no common protocol)", ["reason"], registry=r)
-        for cause in HANDSHAKE_FAILURES:
-            self.tls_handshake_failures.labels(cause)
+            "certificate problems, no common protocol)", HANDSHAKE_FAILURES, r)
         self.listener_bind_failures = Counter(
             "kproxy_listener_bind_failures_total",
             "Failed attempts to bind a broker listener (its node is withheld from clients meanwhile)",
             ["listener", "reason"], registry=r)
-        self.sni_refusals = Counter(
+        self.sni_refusals = _by_reason(
             "kproxy_sni_refused_total",
             "TLS handshakes refused by SNI routing: a server name that is no advertised name, "
             "none, (a sidecar) another node's, or a node the cluster does not have",
-            ["reason"], registry=r)
-        for reason in SNI_REFUSAL_REASONS:
-            self.sni_refusals.labels(reason)
-        self.proxy_header_refusals = Counter(
+            SNI_REFUSAL_REASONS, r)
+        self.proxy_header_refusals = _by_reason(
             "kproxy_proxy_protocol_refused_total",
             "Connections refused on a PROXY protocol listener: a peer outside the trusted networks, "
             "no header, one of another version, malformed, too long, not complete in time, or "
-            "closed before it was", ["reason"], registry=r)
-        for reason in PROXY_HEADER_REFUSALS:
-            self.proxy_header_refusals.labels(reason)
+            "closed before it was", PROXY_HEADER_REFUSALS, r)
         # TLS files reloaded while running (proxy/tls_reload.py), per side: "server" (what
         # clients see), "client" (what brokers see). Series for a side appear with its first
         # certificate, both outcomes at zero.
