@@ -40,6 +40,9 @@ STATUS_EVERY_S = 1.0
 VIEWER_STALL_S = 30.0
 # Kernel send buffer of a stream: with the viewer's backlog, what one slow browser can cost.
 STREAM_SEND_BUFFER = 256 * 1024
+# Pair and connection ids are this process's counters: 19 digits hold any of them (int64),
+# and a longer one is not worth int()'s time (over 4,300 digits it raises).
+MAX_ID_DIGITS = 19
 
 
 def json_answer(status: int, payload) -> web.Response:
@@ -86,10 +89,16 @@ class PageRoutes:
             return await self.stream(request)
         if parts == ["overview"]:
             return await self.overview()
-        if len(parts) == 2 and parts[0] == "pairs" and parts[1].isdigit():
-            return await self.pair(request, int(parts[1]))
-        if len(parts) == 3 and parts[0] == "connections" and parts[1].isdigit() and parts[2] == "pcapng":
-            return await self.pcapng(request, int(parts[1]))
+        if len(parts) == 2 and parts[0] == "pairs":
+            pair_id = parse_id(parts[1])
+            if pair_id is None:
+                return _bad_id("pair")
+            return await self.pair(request, pair_id)
+        if len(parts) == 3 and parts[0] == "connections" and parts[2] == "pcapng":
+            connection_id = parse_id(parts[1])
+            if connection_id is None:
+                return _bad_id("connection")
+            return await self.pcapng(request, connection_id)
         return _not_found()
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
@@ -103,6 +112,20 @@ class PageRoutes:
 
     async def pcapng(self, request: web.Request, connection_id: int) -> web.StreamResponse:
         raise NotImplementedError
+
+
+def parse_id(text: str) -> int | None:
+    """A pair or connection id from the path, or None: ASCII digits only (``str.isdigit``
+    also takes '²', which ``int`` refuses, and other scripts' digits), at most
+    ``MAX_ID_DIGITS``."""
+    if 0 < len(text) <= MAX_ID_DIGITS and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
+def _bad_id(kind: str) -> web.Response:
+    # The id itself is not echoed: it may be megabytes of anything.
+    return json_answer(400, {"error": f"a {kind} id is a number of at most {MAX_ID_DIGITS} digits"})
 
 
 def _not_found() -> web.Response:
