@@ -69,6 +69,7 @@ from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPoli
 from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
                       rewrite_addresses, withhold_nodes)
 from .sni import BOOTSTRAP, certificate_covers
+from . import undecodable_sni
 from .tls import client_context, server_context
 
 log = logging.getLogger("kproxy.server")
@@ -419,7 +420,15 @@ class Proxy:
                           f"server name {server_name!r} names node {node_id}, which kproxy does not "
                           f"serve (the cluster's Metadata does not list it, or max_brokers is reached)")
 
-    def _refuse_name(self, server_name: str | None, reason: str, said: str) -> None:
+    def _undecodable_server_name(self, raw: bytes) -> None:
+        """A ClientHello's server name that is not ASCII (Python's ssl failed the handshake
+        before ``_client_hello`` ran): an unknown name to SNI routing, else a failed handshake."""
+        if self.sni_names is None:
+            self._tls_handshake_failed("other", "server name not ASCII")
+            return
+        self._refuse_name(raw, "unknown_name", f"server name {raw!r} is not ASCII, so no name kproxy serves")
+
+    def _refuse_name(self, server_name: str | bytes | None, reason: str, said: str) -> None:
         """Count and log (within a budget) a server name SNI routing refuses."""
         notify_hook(self.observers, "sni_refused", reason)
         unlogged = self._sni_log.admit(server_name)
@@ -811,6 +820,8 @@ class Proxy:
         self._listen_port = sock.getsockname()[1]
         await self._serve("bootstrap", policy, sock)
         self._reaper = asyncio.get_running_loop().create_task(self._reap_idle())
+        if self.server_tls is not None:
+            undecodable_sni.watch(asyncio.get_running_loop(), self._undecodable_server_name)
         self._tls_watches += [asyncio.get_running_loop().create_task(tls.watch())
                               for tls in (self.server_tls, self.client_tls) if tls is not None and tls.files]
         self.started = True
@@ -861,6 +872,7 @@ class Proxy:
             relay.close("shutting down")
         if self._reaper is not None:
             self._reaper.cancel()
+        undecodable_sni.unwatch(asyncio.get_running_loop())
         for task in self._tls_watches:
             task.cancel()
         tasks = [r.task for r in self.relays if r.task is not None]

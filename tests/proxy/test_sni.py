@@ -44,6 +44,7 @@ from kproxy.proxy.server import Proxy
 from kproxy.proxy.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
 from tests.proxy.addresses import REWRITE_CASES
 from tests.proxy.certs import SNI_DOMAIN
+from tests.proxy.client_hello import client_hello, room_for_name
 from tests.proxy.cluster import (
     ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S, api_trace,
     assert_no_upstream_address, create_topic, leads_again, port_free_on, stop_partition_0_leader,
@@ -937,3 +938,76 @@ def test_a_certificate_that_misses_an_advertised_name_is_logged_once(pki, caplog
     good = Proxy(dataclasses.replace(config, tls_server=config_module.TLSServer(**sni_tls_server(pki))))
     good.advertise(2, "10.0.0.2", 9092)
     assert not [r for r in caplog.records if "is not valid for" in r.getMessage()]
+
+
+# ---------------------------------------------------------------- server names no TLS library sends
+
+ALERT_RECORD_BYTES = 7       # record header (5) + alert level and description
+
+
+def raw_hello_outcome(address: tuple[str, int], server_name: bytes) -> bytes:
+    """Send a ClientHello naming ``server_name`` as is; kproxy's first answer (an alert
+    record, if it refuses), read until it is whole or kproxy closes."""
+    with socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT_S) as raw:
+        raw.sendall(client_hello(server_name))
+        answer = b""
+        while len(answer) < ALERT_RECORD_BYTES:
+            try:
+                chunk = raw.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not chunk:
+                break
+            answer += chunk
+        return answer
+
+
+def hostile_server_names() -> dict[str, bytes]:
+    longest = room_for_name()
+    label = b"a" * 63 + b"."
+    return {
+        "64 KiB": (label * (longest // len(label) + 1))[:longest],
+        "256 bytes": (label * 5)[:256],
+        "not ASCII": "bröker-1.".encode() + SNI_DOMAIN.encode(),
+        "bytes not UTF-8": b"\xff\xfe\x80." + SNI_DOMAIN.encode(),
+        "a line break": b"bootstrap.\nkproxy: fake log line " + SNI_DOMAIN.encode(),
+        "a NUL": b"bootstrap\x00." + SNI_DOMAIN.encode(),
+        "empty": b"",
+    }
+
+
+# TLS alerts a refused hello may get: unrecognized_name (kproxy's SNI callback, or OpenSSL's
+# own length check), internal_error (Python's ssl on a name that is not ASCII).
+ALERT = 21
+REFUSING_ALERTS = {ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME, ssl.ALERT_DESCRIPTION_INTERNAL_ERROR}
+MAX_LOGGED_NAME = 600       # a DNS name's 253 characters, repr-escaped: never the 64 KiB
+
+
+def test_server_names_no_tls_library_sends_are_refused_in_the_handshake(pki, caplog):
+    """A ClientHello whose server name is 64 KiB (as long as a ClientHello can carry), 256
+    bytes, not ASCII, not UTF-8, holds a line break or a NUL, or is empty: each refused with
+    a TLS alert and counted (an SNI refusal, or a failed handshake where OpenSSL refuses the
+    name first), no traceback on stderr (Python's ssl reports a name that is not ASCII as an
+    unraisable error), no long name or raw line break in the log, kproxy still serving."""
+    caplog.set_level(logging.INFO)
+    unraisable = []
+    old_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with ProxyThread(upstream="127.0.0.1:1", routing="sni", sni_host_template=TEMPLATE,
+                         sni_bootstrap_host=BOOTSTRAP_NAME, tls_server=sni_tls_server(pki)) as proxy:
+            address = proxy.runtime.proxy.bootstrap_address
+            names = hostile_server_names()
+            answers = {what: raw_hello_outcome(address, name) for what, name in names.items()}
+            assert handshake(address, pki, BOOTSTRAP_NAME) == "ok"       # still serving
+            refused = metric(proxy.admin_url, "kproxy_sni_refused_total")
+            failures = metric(proxy.admin_url, "kproxy_tls_handshake_failures_total")
+    finally:
+        sys.unraisablehook = old_hook
+    assert not unraisable, [repr(u.exc_value)[:200] for u in unraisable]
+    for what, answer in answers.items():       # one fatal alert: level 2, then its description
+        assert answer[:1] == bytes([ALERT]) and answer[5] == 2 and answer[6] in REFUSING_ALERTS, (what, answer)
+    assert sum(refused.values()) + sum(failures.values()) == len(names), (refused, failures)
+    assert refused['{reason="unknown_name"}'] >= 3 and refused['{reason="no_name"}'] == 1, refused
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("kproxy")]
+    assert max(len(line) for line in lines) < MAX_LOGGED_NAME + 300
+    assert not [line for line in lines if "\n" in line]
