@@ -309,3 +309,66 @@ def test_the_page_says_when_the_stream_is_thinned(browser, proxy, tmp_path, monk
         screenshot(page, tmp_path, "thinned")
     finally:
         page.close()
+
+
+# ---------------------------------------------------------------- markup in client ids and topic names
+
+# Client ids and topic names are whatever a client puts in its requests. Each carries markup
+# that would leave a trace (an element with data-xss, window.__kproxyXss) if the page ever
+# parsed it as HTML; the CSP would also report an inline script or handler it blocked.
+HOSTILE_CLIENT_ID = '<img src=x data-xss=client onerror="window.__kproxyXss=1">"><b data-xss=attr>'
+HOSTILE_TOPIC = "<script data-xss=topic>window.__kproxyXss=2</script><svg data-xss=svg onload=alert(1)>"
+XSS_TRACES = "() => [document.querySelectorAll('[data-xss]').length, window.__kproxyXss ?? null, " \
+             "window.__kproxyViolations.length]"
+
+
+def send_with_markup(proxy) -> None:
+    """Metadata and a Produce naming HOSTILE_TOPIC, with HOSTILE_CLIENT_ID in the header, from a
+    raw client (Kafka refuses the topic name: the answers carry its error, and still pass)."""
+    from kproxy.protocol import Request, Struct, encode_request, new_body
+    from kproxy.protocol.records import Record, build_batch
+    batch = build_batch([Record(0, 1_700_000_000_000, None, b"v" * 20, ())], "none")
+    frames = [(3, 12, new_body("request", 3, 12, topics=[Struct(name=HOSTILE_TOPIC, topic_id=bytes(16))],
+                               allow_auto_topic_creation=False)),
+              (0, 9, new_body("request", 0, 9, acks=1, timeout_ms=5000, topic_data=[
+                  Struct(name=HOSTILE_TOPIC, partition_data=[Struct(index=0, records=batch)])]))]
+    host, port = proxy.bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        for correlation_id, (api_key, version, body) in enumerate(frames, 1):
+            payload = encode_request(Request(api_key, version, correlation_id, HOSTILE_CLIENT_ID, body))
+            sock.sendall(len(payload).to_bytes(4, "big") + payload)
+            size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
+            assert len(sock.recv(size, socket.MSG_WAITALL)) == size
+
+
+def test_markup_in_client_ids_and_topic_names_is_shown_as_text(browser, proxy, tmp_path):
+    """The table, the detail view and the inventory show the client id and the topic name
+    character for character, as text: no element made from them, nothing run, nothing the
+    page's CSP had to block, no script error."""
+    page = open_page(browser, proxy)
+    try:
+        page.evaluate("() => { window.__kproxyViolations = []; document.addEventListener("
+                      "'securitypolicyviolation', e => window.__kproxyViolations.push(e.violatedDirective)); }")
+        send_with_markup(proxy)
+        produce = page.locator("#pairs tbody tr[data-api=Produce]").first
+        produce.wait_for(timeout=WAIT_MS)
+        cells = produce.evaluate("r => [...r.cells].map(c => c.textContent)")
+        assert HOSTILE_CLIENT_ID in cells and HOSTILE_TOPIC in cells, cells
+
+        produce.click()
+        page.locator("#detail-summary[data-records]").wait_for(timeout=WAIT_MS)
+        assert page.eval_on_selector("#detail-summary", "e => e.dataset.topics") == HOSTILE_TOPIC
+        request = json.loads(page.inner_text("[data-testid=detail-request]"))
+        assert request["topic_data"][0]["name"] == HOSTILE_TOPIC
+        screenshot(page, tmp_path, "markup-detail")
+
+        page.locator("#inventory tbody tr", has_text="data-xss=client").first.wait_for(timeout=WAIT_MS)
+        inventory = page.eval_on_selector_all("#inventory tbody tr",
+                                              "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+        assert [HOSTILE_CLIENT_ID] == [r[1] for r in inventory if "data-xss" in r[1]], inventory
+        page.locator("#inventory").scroll_into_view_if_needed()
+        screenshot(page, tmp_path, "markup-inventory")
+        assert page.evaluate(XSS_TRACES) == [0, None, 0]
+        assert not page.errors, page.errors
+    finally:
+        page.close()
