@@ -26,6 +26,8 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kproxy.observers import live
+from kproxy.proxy import live_web
 from kproxy.proxy.relay import MAX_IN_FLIGHT_PER_CONNECTION, PIPELINED_READ_BYTES, WRITE_HIGH_WATER
 from tests.proxy.harness import KproxyProcess, http_status, rss, wait_for
 from tests.proxy.wire import API_VERSIONS, RawClient, api_versions_ok, request_frame
@@ -169,3 +171,80 @@ def test_pipelining_clients_that_never_read_leave_others_served_and_memory_bound
                  * (frame_bytes + PER_REQUEST_OVERHEAD_BYTES))
         assert peak - before <= bound, \
             f"RSS grew {(peak - before) >> 20} MiB (bound {bound >> 20} MiB), in flight at close {in_flight}"
+
+
+# ---------------------------------------------------------------- live-page viewers that never read
+
+VIEWERS = 100
+VIEWERS_S = 6.0                      # how long they hang on (the soak variant: --soak-seconds)
+VIEWER_RCVBUF = 4096
+# A soak's viewers are replaced this often: kproxy hangs up on a stalled stream after
+# live_web.VIEWER_STALL_S (30 s), and a hostile page would simply open another.
+VIEWERS_RENEW_S = 20.0
+ADMIN_TOKEN = "t" * 32
+# What the streams may cost together: the pairs the live view keeps for the detail view
+# once anyone watches (RECENT_MAX_BYTES; measured: +20 MiB with 100 viewers, +0 without), at
+# most MAX_VIEWERS streams (the rest get a 503), each with a backlog of VIEWER_BACKLOG compact
+# rows (under 1 KiB each) and a transport buffer like its kernel one, plus the interpreter's
+# own growth.
+ROW_BYTES = 1024
+VIEWERS_RSS_BOUND = (live.RECENT_MAX_BYTES + RSS_SLACK_BYTES
+                     + live.MAX_VIEWERS * (live.VIEWER_BACKLOG * ROW_BYTES + live_web.STREAM_SEND_BUFFER))
+
+
+def _open_viewers(admin_url: str, count: int) -> list[socket.socket]:
+    """Streams opened and never read (a 4 KiB receive buffer each)."""
+    host, port = admin_url.removeprefix("http://").rsplit(":", 1)
+    request = (f"GET /live/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n").encode()
+    viewers = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, VIEWER_RCVBUF)
+        sock.connect((host, int(port)))
+        sock.sendall(request)
+        viewers.append(sock)
+    return viewers
+
+
+@pytest.mark.parametrize("seconds", [
+    VIEWERS_S,
+    pytest.param(None, marks=pytest.mark.soak, id="soak"),
+])
+def test_live_page_viewers_that_never_read_leave_traffic_and_scrapes_served(
+        kafka_cluster, tmp_path, seconds, request):
+    """100 live streams opened and never read while an ordinary client sends requests back
+    to back: every request answered, every scrape answered, RSS bounded."""
+    seconds = seconds or request.getfixturevalue("soak_seconds")
+    with KproxyProcess(tmp_path, upstream=kafka_cluster.bootstrap_servers, broker_port_base=0,
+                       env={"KPROXY_ADMIN_TOKEN": ADMIN_TOKEN}) as kproxy:
+        canary = RawClient(("127.0.0.1", kproxy.listen_port))
+        api_versions_ok(canary)
+        before = rss(kproxy.pid)
+        viewers = _open_viewers(kproxy.admin_url, VIEWERS)
+        renewed = time.monotonic()
+        answered, scrapes, slowest_scrape, peak = 0, 0, 0.0, before
+        ends = time.monotonic() + seconds
+        try:
+            while time.monotonic() < ends:
+                for _ in range(20):
+                    api_versions_ok(canary)     # raises if not answered (RawClient's timeout)
+                    answered += 1
+                started = time.monotonic()
+                assert http_status(f"{kproxy.admin_url}/metrics")[0] == 200
+                slowest_scrape = max(slowest_scrape, time.monotonic() - started)
+                scrapes += 1
+                peak = max(peak, rss(kproxy.pid))
+                if time.monotonic() - renewed > VIEWERS_RENEW_S:
+                    for sock in viewers:
+                        sock.close()
+                    viewers, renewed = _open_viewers(kproxy.admin_url, VIEWERS), time.monotonic()
+        finally:
+            for sock in viewers:
+                sock.close()
+            canary.close()
+        print(f"{answered} requests and {scrapes} scrapes answered (slowest {slowest_scrape:.2f} s); "
+              f"RSS {before >> 20} -> peak {peak >> 20} MiB")
+        assert answered >= MIN_CANARY_REQUESTS and scrapes >= 1
+        assert peak - before <= VIEWERS_RSS_BOUND, f"RSS grew {(peak - before) >> 20} MiB"
+        kproxy.stop()
+        assert "Traceback" not in kproxy.log_text()
