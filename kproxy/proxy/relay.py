@@ -39,7 +39,10 @@ allocated whole is counted when it begins (the rest of that buffer as reserved, 
 a quarter of the budget) and when it ends, not per read: pausing the reads that fill
 it would free nothing. Such a buffer is at most twice the frame, and a piece of a frame
 kept as a view of a read buffer more than twice its size is copied instead, so a partial
-frame costs at most about twice its bytes. An idle connection holds
+frame costs at most about twice its bytes. Answers written towards clients and not yet
+taken count against the same budget (``unsent.py``): past it, every connection holding some
+has its broker read again only once its client has taken them all, and brokers are read
+``OVER_BUDGET_READ_BYTES`` at a time meanwhile. An idle connection holds
 no read buffer at all (the arena is the event loop's). One client cannot monopolize the
 loop either: a read takes at most ``PIPELINED_READ_BYTES`` of requests not begun yet, it is
 not read with ``MAX_IN_FLIGHT_PER_CONNECTION`` requests unanswered, its answers are read a
@@ -68,6 +71,7 @@ from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, C
 from ..allocator import give_back_memory
 from .log_budget import LogBudget
 from .tls import certificate_subject
+from .unsent import UnsentAnswers
 
 log = logging.getLogger("kproxy.relay")
 
@@ -116,6 +120,10 @@ REQUEST_DEADLINE_S = 120.0
 # not an out-of-memory kill. A quarter of the container's memory limit where one is
 # set (the rest: the interpreter, observers' queues, transports' write buffers), else this.
 DEFAULT_BUFFER_BUDGET = 256 * 1024 * 1024
+# While frames and unsent answers pass the budget, a broker is read this much at a time: a
+# connection whose client takes nothing adds at most this past the budget before it is
+# squeezed (see unsent.py), not a whole READ_CHUNK.
+OVER_BUDGET_READ_BYTES = 64 * 1024
 # Of that, what frames assembled in place (a buffer allocated whole when the frame starts,
 # reads landing straight in it) may have allocated and not yet received.
 ASSEMBLY_SHARE = 0.25
@@ -346,10 +354,18 @@ class Endpoint(asyncio.BufferedProtocol):
         tracker = relay.tracker if relay is not None else None     # None once closed
         room = tracker.room(self.side) if tracker is not None else None
         self._in_place = room is not None
+        limit = self.read_limit
+        budget = relay.budget if relay is not None else None
+        if room is None and self.side == "broker" and budget is not None and budget.over_with_answers():
+            # Not the shared arena: uvloop keeps what a client has not taken as a view of the
+            # buffer it was read into, and one such view keeps a whole arena buffer alive.
+            limit = OVER_BUDGET_READ_BYTES
+            room = memoryview(bytearray(limit))
+            self._in_place = True                # not the arena's to account for
         if room is None:
             room = self.arena.room()
-        if len(room) > self.read_limit:
-            room = room[:self.read_limit]
+        if len(room) > limit:
+            room = room[:limit]
         self._room = room
         return room
 
@@ -385,6 +401,10 @@ class Endpoint(asyncio.BufferedProtocol):
             self.peer.pause("backpressure")
 
     def resume_writing(self) -> None:
+        relay = self.relay
+        if relay is not None and relay.budget is not None and self in relay.budget.unsent.squeezed:
+            relay.budget.unsent.drained(self)    # squeezed: resumed only once all was sent
+            self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         if self.peer is not None:
             self.peer.resume("backpressure")
 
@@ -493,6 +513,11 @@ class BufferBudget:
         self._reservations: dict[Endpoint, int] = {}
         self.reading: set[Endpoint] = set()      # holders still read
         self.waiting: set[Endpoint] = set()      # holders paused for the budget
+        self.unsent = UnsentAnswers()            # answers clients have not taken (see unsent.py)
+
+    def over_with_answers(self) -> bool:
+        """Whether frames held and answers unsent together pass the limit."""
+        return self.held + self.reserved + self.unsent.total > self.limit
 
     def update(self, endpoint: Endpoint, held: int) -> None:
         freed = held < endpoint.held
@@ -549,6 +574,7 @@ class BufferBudget:
         self.reserved -= self._reservations.pop(endpoint, 0)
         self.reading.discard(endpoint)
         self.waiting.discard(endpoint)
+        self.unsent.drained(endpoint)
         self._release()
         self._burst_over()
 
@@ -727,6 +753,37 @@ class Relay:
             self._observe(events)
         return False
 
+    @staticmethod
+    def _pinned(out: list, unsent: int) -> int:
+        """What answers a client has not taken keep alive: their bytes, or, when the last
+        write was a view of a read buffer (uvloop keeps the view, not a copy), that whole
+        buffer (an arena buffer is READ_CHUNK and more; shared ones are counted by each)."""
+        if not unsent:
+            return 0
+        last = out[-1]
+        return max(unsent, len(last.obj) if last.__class__ is memoryview else len(last))
+
+    def _count_unsent(self, out: list) -> None:
+        """Answers the client has not taken count against the buffer budget; past it, every
+        connection holding some is squeezed (``unsent.py``)."""
+        unsent = self.budget.unsent
+        client = self.client
+        if client in unsent.squeezed:
+            return                               # paused until drained: counted then
+        unsent.note(client, self._pinned(out, client.transport.get_write_buffer_size()))
+        if not self.budget.over_with_answers():
+            return
+        for endpoint in unsent.holders():
+            transport = endpoint.transport
+            size = transport.get_write_buffer_size() if not endpoint.closing() else 0
+            if size:                             # still counted as it was (what it keeps alive)
+                unsent.squeeze(endpoint)
+                # Paused now (its buffer is over the new high mark), resumed once empty:
+                # kproxy reads its broker again only when its client has taken everything.
+                transport.set_write_buffer_limits(high=0, low=0)
+            else:
+                unsent.drained(endpoint)
+
     def _from_broker(self, data: memoryview) -> bool:
         """Forward what of a read from the broker can go now; True when it only filled the
         held answer being assembled in place (nothing to forward or observe yet)."""
@@ -755,6 +812,8 @@ class Relay:
         elif out:
             transport.writelines(out)
             self.bytes_to_client += sum(len(chunk) for chunk in out)
+        if out:
+            self._count_unsent(out)
         if tracker.in_flight < MAX_IN_FLIGHT_PER_CONNECTION:
             self.client.resume("requests in flight")
         if events:

@@ -30,7 +30,8 @@ from kproxy.observers import live
 from kproxy.proxy import live_web
 from kproxy.proxy.relay import MAX_IN_FLIGHT_PER_CONNECTION, PIPELINED_READ_BYTES, WRITE_HIGH_WATER
 from tests.proxy.harness import KproxyProcess, http_status, rss, wait_for
-from tests.proxy.wire import API_VERSIONS, RawClient, api_versions_ok, request_frame
+from tests.proxy.wire import (API_VERSIONS, FETCH, FETCH_VERSION, RawClient, api_versions_ok, create_topic,
+                              fetch_fields, request_frame)
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -248,3 +249,68 @@ def test_live_page_viewers_that_never_read_leave_traffic_and_scrapes_served(
         assert peak - before <= VIEWERS_RSS_BOUND, f"RSS grew {(peak - before) >> 20} MiB"
         kproxy.stop()
         assert "Traceback" not in kproxy.log_text()
+
+
+# ---------------------------------------------------------------- answers nobody reads
+
+UNREAD_CLIENTS = 40
+FETCHES_PER_CLIENT = 12              # each answered with about ANSWER_BYTES, never read
+ANSWER_BYTES = 1024 * 1024
+RECORD_BYTES = 100 * 1024
+SMALL_BUDGET = 16 * 1024 * 1024      # the buffer budget, shortened for the test
+# Per client past the budget: the small read its answers keep alive (OVER_BUDGET_READ_BYTES),
+# its connection's own state (CONNECTION_OVERHEAD_BYTES) and the allocator's rounding.
+UNREAD_PER_CLIENT_BYTES = 160 * 1024
+# The interpreter's own growth meanwhile, with room for a loaded machine.
+UNREAD_SLACK_BYTES = 16 * 1024 * 1024
+# `kproxy run` with that budget (a constant, read when the event loop's budget is made).
+KPROXY_SMALL_BUDGET = ("import sys; from kproxy.proxy import relay; relay.DEFAULT_BUFFER_BUDGET = %d; "
+                       "from kproxy.cli import main; sys.exit(main(sys.argv[1:]))" % SMALL_BUDGET)
+
+
+def _topic_of_about(bootstrap: str, nbytes: int) -> str:
+    """A one-partition topic holding about ``nbytes`` of records, written directly."""
+    from confluent_kafka import Producer
+    topic = create_topic(bootstrap)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for _ in range(nbytes // RECORD_BYTES + 1):
+        producer.produce(topic, b"a" * RECORD_BYTES)
+    assert producer.flush(60) == 0
+    return topic
+
+
+def test_answers_nobody_reads_stay_within_the_buffer_budget(kafka_cluster, tmp_path):
+    """40 clients each send 12 Fetch requests whose answers are ~1 MiB and read none of them
+    (each kept a read buffer of ~1 MiB alive, and up to the write buffer's high mark more:
+    +56 MiB in all, measured, whatever the budget).
+    Under a 16 MiB budget, RSS grows by the budget plus a small read per connection, and an
+    ordinary client is answered meanwhile."""
+    topic = _topic_of_about(kafka_cluster.bootstrap_servers, ANSWER_BYTES)
+    fetch = fetch_fields(topic, 0, max_wait_ms=0, max_bytes=ANSWER_BYTES)
+    with KproxyProcess(tmp_path, upstream=kafka_cluster.bootstrap_servers, broker_port_base=0,
+                       entry=("-c", KPROXY_SMALL_BUDGET)) as kproxy, contextlib.ExitStack() as clients:
+        canary = RawClient(("127.0.0.1", kproxy.listen_port))
+        api_versions_ok(canary)
+        before = rss(kproxy.pid)
+        unread = [clients.enter_context(contextlib.closing(
+            RawClient(("127.0.0.1", kproxy.listen_port), rcvbuf=4096))) for _ in range(UNREAD_CLIENTS)]
+        for client in unread:
+            for _ in range(FETCHES_PER_CLIENT):
+                client.send_request(FETCH, FETCH_VERSION, **fetch)
+        # Answers flow until every connection is squeezed or holds its high mark: then RSS
+        # stays put.
+        peak, last_change, last = before, time.monotonic(), before
+        while time.monotonic() - last_change < 3.0:
+            api_versions_ok(canary)
+            now = rss(kproxy.pid)
+            if abs(now - last) > 1024 * 1024:
+                last, last_change = now, time.monotonic()
+            peak = max(peak, now)
+            time.sleep(0.1)
+            assert time.monotonic() - last_change < 60
+        canary.close()
+    grown = peak - before
+    bound = SMALL_BUDGET + UNREAD_CLIENTS * UNREAD_PER_CLIENT_BYTES + UNREAD_SLACK_BYTES
+    print(f"RSS {before >> 20} -> peak {peak >> 20} MiB (+{grown / UNREAD_CLIENTS / 1024:.0f} KiB per "
+          f"unread client; bound {bound >> 20} MiB)")
+    assert grown <= bound, f"RSS grew {grown >> 20} MiB, bound {bound >> 20} MiB"

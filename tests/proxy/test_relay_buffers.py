@@ -185,6 +185,9 @@ class _Transport:
     def set_write_buffer_limits(self, **kwargs):
         pass
 
+    def get_write_buffer_size(self):         # everything written is sent at once
+        return 0
+
     def pause_reading(self):
         pass
 
@@ -371,3 +374,22 @@ def test_the_same_api_versions_answer_is_capped_once_and_each_copy_keeps_its_cor
         seen.extend(e for e in events if isinstance(e, ResponseReceived))
 
     _relayed(monkeypatch, scenario, [observer])
+
+
+# ---------------------------------------------------------------- answers not taken
+
+def test_the_unsent_ledger_counts_each_endpoint_once_and_visits_only_the_unsqueezed():
+    from kproxy.proxy.unsent import UnsentAnswers
+    ledger = UnsentAnswers()
+    a, b, c = object(), object(), object()
+    ledger.note(a, 100)
+    ledger.note(b, 50)
+    ledger.note(a, 30)                       # a's buffer drained some: counted as now, not added
+    assert ledger.total == 80 and set(ledger.holders()) == {a, b}
+    ledger.squeeze(a)
+    ledger.note(c, 0)                        # nothing unsent: not a holder
+    assert ledger.holders() == [b] and ledger.total == 80
+    ledger.drained(a)                        # a's client took everything
+    assert ledger.total == 50 and a not in ledger.squeezed and len(ledger) == 1
+    ledger.drained(b)
+    assert ledger.total == 0 and not ledger.holders()
