@@ -1011,3 +1011,21 @@ def test_server_names_no_tls_library_sends_are_refused_in_the_handshake(pki, cap
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("kproxy")]
     assert max(len(line) for line in lines) < MAX_LOGGED_NAME + 300
     assert not [line for line in lines if "\n" in line]
+
+
+def test_a_server_name_not_ascii_on_a_tls_listener_without_sni_routing_is_one_counted_failure(pki, caplog):
+    """Without SNI routing the name does not matter to kproxy, but Python's ssl still fails
+    the handshake: counted once as a failed handshake, no traceback on stderr."""
+    caplog.set_level(logging.INFO)
+    unraisable = []
+    old_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with ProxyThread(upstream="127.0.0.1:1", tls_server=sni_tls_server(pki)) as proxy:
+            address = proxy.runtime.proxy.bootstrap_address
+            answer = raw_hello_outcome(address, "bröker.".encode() + SNI_DOMAIN.encode())
+            failures = metric(proxy.admin_url, "kproxy_tls_handshake_failures_total")
+    finally:
+        sys.unraisablehook = old_hook
+    assert not unraisable, [repr(u.exc_value)[:200] for u in unraisable]
+    assert answer[:1] == bytes([ALERT]) and answer[6] in REFUSING_ALERTS, answer
+    assert failures['{reason="other"}'] == 1 and sum(failures.values()) == 1, failures
