@@ -261,8 +261,9 @@ SMALL_BUDGET = 16 * 1024 * 1024      # the buffer budget, shortened for the test
 # Per client past the budget: the small read its answers keep alive (OVER_BUDGET_READ_BYTES),
 # its connection's own state (CONNECTION_OVERHEAD_BYTES) and the allocator's rounding.
 UNREAD_PER_CLIENT_BYTES = 160 * 1024
-# The interpreter's own growth meanwhile, with room for a loaded machine.
-UNREAD_SLACK_BYTES = 16 * 1024 * 1024
+# The interpreter's own growth meanwhile, with room for a loaded machine (measured in all:
+# +27 to +32 MiB at load 40-100; +56 MiB before answers counted against the budget).
+UNREAD_SLACK_BYTES = 20 * 1024 * 1024
 # `kproxy run` with that budget (a constant, read when the event loop's budget is made).
 KPROXY_SMALL_BUDGET = ("import sys; from kproxy.proxy import relay; relay.DEFAULT_BUFFER_BUDGET = %d; "
                        "from kproxy.cli import main; sys.exit(main(sys.argv[1:]))" % SMALL_BUDGET)
