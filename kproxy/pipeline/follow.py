@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 
 from ..observers.capture.config import DEFAULT_ROTATE_SECONDS
+from . import kafka_source
 from . import tables as T
 from .source import (InputError, capture_name, check_file, format_of, is_uri, local_path,
                      prepare, read_with, resolve_inputs)
@@ -246,6 +247,8 @@ def _inputs(paths: list[str], fmt: str, once: bool) -> tuple[list[str], str, boo
     """(local directories or one URI, format, local?) for ``--follow``; InputError if unusable."""
     if fmt not in ("auto", "parquet", "jsonl"):
         raise InputError(f"--format must be auto, parquet or jsonl, got {fmt!r}")
+    if any(kafka_source.is_kafka(p) for p in paths):
+        return [kafka_source.one_input(paths).uri], "kafka", False
     if any(is_uri(p) for p in paths):
         if len(paths) > 1:
             raise InputError("--follow reads one URI, or local directories")
@@ -346,6 +349,9 @@ def _changed_only(write):
 
 
 def _read_stream(spark, location: str, fmt: str, options, local: bool):
+    if fmt == "kafka":
+        raw = kafka_source.read_stream(spark, location)
+        return prepare(raw, options.since, options.until).withWatermark("time", f"{WATERMARK_DELAY_S} seconds")
     reader = spark.readStream.option("maxFilesPerTrigger", MAX_FILES_PER_TRIGGER)
     if local:
         reader = reader.option("cleanSource", "delete")       # our links, never the capture's files
