@@ -33,6 +33,8 @@ a successor in its capture session or is older than a rotation. A hard link is
 atomic and copies nothing; the file source deletes its link once the file is
 processed (``cleanSource``), so the capture's size cap still frees the space.
 A Hadoop URI (``s3a://``, ``hdfs://``), where files appear whole, is read in place.
+A topic of shipped rows (``kafka://BOOTSTRAP/TOPIC``, ``kafka_source.py``) is read
+with Spark's Kafka source; the checkpoint keeps its offsets instead of file names.
 
 The lag a user sees: the capture's rotation (``rotate_seconds``, one hour by
 default; capture with ``rotate_seconds`` of a minute to follow closely), plus

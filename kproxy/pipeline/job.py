@@ -295,6 +295,7 @@ _PLAN = (
     ("groups", lambda p, b, o, r: T.groups(p, b["rebalances"], b["group_members"], b["group_errors"])),
     ("slowest", lambda p, b, o, r: T.slowest(p, o.top)),
     ("connections", lambda p, b, o, r: T.connections(p)),
+    ("instances", lambda p, b, o, r: T.instances(p)),
 )
 TABLE_NAMES = tuple(name for name, _ in _PLAN)
 # Tables built from other tables (the ``built`` argument above), which must be written first.

@@ -144,7 +144,10 @@ def test_every_acknowledged_row_reaches_the_topic_across_a_restart(fleet, kafka_
     assert all(r["capture_version"] and r["time"] for r in rows)
 
 
-def test_streamed_tables_equal_the_batch_job(fleet, kafka_cluster, spark, tmp_path):  # noqa: F811
+def test_streamed_tables_equal_the_batch_tables(fleet, kafka_cluster, spark, tmp_path):  # noqa: F811
+    """``--follow kafka://...`` (streaming, once) writes the batch functions' series and client
+    inventory over the same rows; the batch source's per-instance table counts what each
+    sidecar shipped."""
     from kproxy.pipeline import tables as T
     from kproxy.pipeline.follow import follow
     from kproxy.pipeline.job import Options
@@ -153,16 +156,37 @@ def test_streamed_tables_equal_the_batch_job(fleet, kafka_cluster, spark, tmp_pa
 
     capture_topic, counters = fleet
     uri = f"kafka://{kafka_cluster.bootstrap_servers}/{capture_topic}"
-    out = str(tmp_path / "follow")
-    followed = follow(spark, [uri], out, Options(), once=True, stream=open(os.devnull, "w"))
-    shipped = sum(run["rows_shipped"] for runs in counters.values() for run in runs)
-    assert followed.rows == {"series": shipped, "client_inventory": shipped}
-    assert _assert_tables_match(spark, out, [uri]) == shipped
-
+    shipped = {name: sum(run["rows_shipped"] for run in runs) for name, runs in counters.items()}
     inputs, pairs = load_capture(spark, [uri])
-    assert inputs.format == "kafka" and pairs.count() == shipped
-    per_instance = {r["proxy_instance"]: r["requests"] for r in T.instances(pairs).collect()}
-    assert per_instance == {name: sum(run["rows_shipped"] for run in runs) for name, runs in counters.items()}
+    assert inputs.format == "kafka"
+    instances = T.instances(pairs).collect()
+    assert {r["proxy_instance"]: r["requests"] for r in instances} == shipped
+    assert all(r["connections"] >= 1 and r["clients"] >= 1 and r["latency_p99_ms"] is not None
+               for r in instances)
+
+    out = str(tmp_path / "follow")
+    with open(os.devnull, "w") as quiet:
+        followed = follow(spark, [uri], out, Options(), once=True, stream=quiet)
+    total = sum(shipped.values())
+    assert followed.rows == {"series": total, "client_inventory": total}
+    assert _assert_tables_match(spark, out, [uri]) == total
+
+
+@pytest.mark.soak
+def test_the_batch_job_and_report_over_a_topic(fleet, kafka_cluster, spark, tmp_path):  # noqa: F811
+    """The whole batch job (every table, the report) reads the topic: ``kproxy analyze kafka://...``."""
+    from kproxy.pipeline.job import Options, analyze
+
+    capture_topic, counters = fleet
+    uri = f"kafka://{kafka_cluster.bootstrap_servers}/{capture_topic}"
+    shipped = {name: sum(run["rows_shipped"] for run in runs) for name, runs in counters.items()}
+    batch = analyze(spark, [uri], str(tmp_path / "batch"), Options())
+    instances = {r["proxy_instance"]: r["requests"]
+                 for r in spark.read.parquet(batch.tables["instances"]).collect()}
+    assert instances == shipped
+    with open(batch.report) as f:
+        report = f.read()
+    assert 'id="instances"' in report and all(name in report for name in shipped)
 
 
 # ---------------------------------------------------------------- settings

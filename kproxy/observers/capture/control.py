@@ -83,7 +83,8 @@ def start_capture(capture: Capture, body: Mapping[str, Any] | None,
     except CaptureError as exc:
         return 409, {"error": str(exc), "status": capture.status()}
     except OSError as exc:
-        return 500, {"error": f"cannot write captures to {config.directory}: {exc.strerror or exc}"}
+        where = config.directory or (config.kafka and f"kafka://{config.kafka.bootstrap}/{config.kafka.topic}")
+        return 500, {"error": f"cannot write captures to {where}: {exc.strerror or exc}"}
 
 
 def stop_capture(capture: Capture, timeout: float = 30.0) -> tuple[int, dict]:
