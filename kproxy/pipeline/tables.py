@@ -430,7 +430,7 @@ def instances(pairs: DataFrame) -> DataFrame:
     return (pairs.groupBy("proxy_instance")
             .agg(F.count("*").alias("requests"),
                  F.countDistinct("conn_key").alias("connections"),
-                 F.countDistinct("client_id", "client_host").alias("clients"),
+                 F.countDistinct(F.struct("client_id", "client_host")).alias("clients"),   # a null client_id counts too
                  _count_if(F.col("has_error")).alias("error_pairs"),
                  F.percentile_approx(_latency(), [0.5, 0.99], PERCENTILE_ACCURACY).alias("q"),
                  F.sum("request_size").alias("request_bytes"),
