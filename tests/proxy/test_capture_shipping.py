@@ -6,7 +6,7 @@ rows to one topic on another cluster, read back by ``kproxy analyze`` in batch a
   the sidecars' ``rows_shipped``, and nothing was dropped or failed.
 - The streamed tables (``--follow kafka://...``) equal the batch functions over the same
   rows, and the batch job's per-instance table counts each sidecar's pairs.
-- Settings: what the capture table and the admin listener accept and refuse.
+Settings, the queue bound and the admin listener's limits: ``tests/observers/test_capture_shipping.py``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ import uuid
 
 import pytest
 
-from kproxy.config import ConfigError, build
-from kproxy.observers.capture import CaptureConfig
-from kproxy.observers.capture.control import start_capture
 from tests.pipeline.conftest import spark  # noqa: F401 - the one session-wide SparkSession
 from tests.proxy.cluster import ADMIN_TIMEOUT_S, create_topic, port_free_on, topic_name
 from tests.proxy.harness import ProxyThread, wait_for
@@ -187,39 +184,3 @@ def test_the_batch_job_and_report_over_a_topic(fleet, kafka_cluster, spark, tmp_
     with open(batch.report) as f:
         report = f.read()
     assert 'id="instances"' in report and all(name in report for name in shipped)
-
-
-# ---------------------------------------------------------------- settings
-
-def test_capture_settings_for_shipping(tmp_path):
-    target = {"bootstrap": "127.0.0.1:9092", "topic": "kproxy-capture"}
-    config = CaptureConfig.from_dict({"formats": ["kafka"], "kafka": target})
-    assert config.file_formats == () and config.directory == "" and config.kafka.compression == "zstd"
-    assert config.kafka.producer_settings()["acks"] == "all"
-    for bad, message in (({"formats": ["kafka"]}, "needs the capture.kafka table"),
-                         ({"formats": ["kafka"], "kafka": {**target, "topic": "a/b"}}, "capture.kafka.topic"),
-                         ({"formats": ["kafka"], "kafka": {**target, "bootstrap": "nohost"}}, "bootstrap"),
-                         ({"formats": ["kafka"], "kafka": {**target, "linger": 5}}, "capture.kafka.linger"),
-                         ({"formats": ["kafka"], "kafka": {**target, "security_protocol": "sasl_ssl"}},
-                          "sasl_mechanism"),
-                         ({"formats": ["kafka", "jsonl"], "kafka": target}, "capture.directory")):
-        with pytest.raises(ValueError, match=message):
-            CaptureConfig.from_dict(bad)
-    # From the config file: no capture_root needed when nothing is written to disk.
-    built = build({"upstream": "127.0.0.1:9092", "capture": {"formats": ["kafka"], "kafka": target}})
-    assert built.capture_root is None
-    with pytest.raises(ConfigError, match="capture.kafka.queue_max_rows"):
-        build({"upstream": "127.0.0.1:9092", "capture": {"formats": ["kafka"],
-                                                        "kafka": {**target, "queue_max_rows": 0}}})
-
-
-def test_the_admin_listener_cannot_choose_where_rows_go(tmp_path):
-    from kproxy.observers.capture import Capture
-    capture = Capture(instance_name="t")
-    status, answer = start_capture(capture, {"formats": ["kafka"], "kafka": {"bootstrap": "evil:9092",
-                                                                          "topic": "t"}},
-                                   None, root=str(tmp_path))
-    assert status == 403 and "capture.kafka" in answer["error"]
-    status, answer = start_capture(capture, {"formats": ["kafka"]}, None, root=None)
-    assert status == 400 and "capture.kafka" in answer["error"]
-    assert not capture.active
