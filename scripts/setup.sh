@@ -38,6 +38,7 @@ need_apt=()
 "$PYTHON" -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)   # Debian splits venv's pip out
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)         # the Kafka broker; Spark
 [ "$kafka_fetched" = 1 ] || command -v mvn >/dev/null || need_apt+=(maven) # fetches the broker's jars
+[ "$PROFILE" != test ] || command -v mvn >/dev/null || need_apt+=(maven)     # Spark's Kafka connector
 if [ "$PROFILE" = test ]; then
     command -v promtool >/dev/null || need_apt+=(prometheus)  # Prometheus server + promtool (metrics tests)
     command -v tshark >/dev/null || need_apt+=(tshark)        # reads kproxy's pcapng captures (capture tests)
@@ -83,6 +84,12 @@ for version in $kafka_versions; do
     fetch_args+=(--version "$version")
 done
 "$VENV/bin/python" -m kproxy.embedded fetch "${fetch_args[@]}"
+
+# Spark's Kafka connector (test profile: the tests read shipped capture rows from a topic;
+# kproxy analyze kafka://... fetches it itself on first use). Skipped when cached.
+if [ "$PROFILE" = test ]; then
+    "$VENV/bin/python" -m kproxy.pipeline.kafka_jars >/dev/null
+fi
 
 # Helm, for the chart's tests (test profile; tests/deploy/test_helm.py: helm lint and template),
 # built from its Go module (no binary download is reachable) into the same cache; skipped

@@ -905,6 +905,11 @@ CAPTURE_COUNTERS = {
     "bytes_written": ("kproxy_capture_written_bytes_total", "Bytes written to capture files"),
     "write_errors": ("kproxy_capture_write_errors_total", "Capture write failures (each turns capture off)"),
     "files_deleted": ("kproxy_capture_files_deleted_total", "Capture files deleted by the disk cap"),
+    "rows_shipped": ("kproxy_capture_rows_shipped_total", "Capture rows the capture.kafka cluster acknowledged"),
+    "ship_dropped": ("kproxy_capture_ship_dropped_total",
+                     "Capture rows dropped because the Kafka producer's queue was full"),
+    "ship_failed": ("kproxy_capture_ship_failed_total",
+                    "Capture rows the capture.kafka cluster did not acknowledge (errors, or at stop)"),
     "decompression_refused": ("kproxy_capture_decompression_refused_total",
                               "Compressed batches capture did not inflate past its bound (likely bombs)"),
 }

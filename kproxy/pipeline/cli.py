@@ -87,7 +87,8 @@ def add_arguments(sub) -> None:
 
 def configure(parser: argparse.ArgumentParser, default_master: str | None) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="capture file, capture directory, glob, or Hadoop URI (s3a://, hdfs://)")
+                        help="capture file, capture directory, glob, Hadoop URI (s3a://, hdfs://), "
+                             "or a topic of shipped rows (kafka://HOST:PORT/TOPIC)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="where tables/, summary.json, report.html and plots/ go")
     parser.add_argument("--since", type=str, help="UTC start (ISO 8601), inclusive")
@@ -128,11 +129,16 @@ def local_driver_memory_mb() -> int:
                    LOCAL_DRIVER_MEMORY_MAX_MB))
 
 
-def session(master: str | None):
-    """A SparkSession: ours with quiet logs when we start Spark, spark-submit's as it is otherwise."""
+def session(master: str | None, jars: list[str] | tuple[str, ...] = ()):
+    """A SparkSession: ours with quiet logs when we start Spark, spark-submit's as it is otherwise.
+
+    ``jars``: added to a Spark kproxy starts (spark-submit is given its own ``--packages``).
+    """
     _check_java()
     from pyspark.sql import SparkSession
     builder = SparkSession.builder.appName("kproxy analyze")
+    if master is not None and jars:
+        builder = builder.config("spark.jars", ",".join(jars))
     if master is not None:
         if master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -193,6 +199,7 @@ def run(args, master: str | None) -> int:
         print(f"kproxy analyze: error: PySpark is not installed: pip install '{DISTRIBUTION}[analysis]'",
               file=sys.stderr)
         return 2
+    from . import kafka_jars, kafka_source
     from .job import Options, analyze
     from .source import InputError, resolve_inputs
     import logging
@@ -213,15 +220,20 @@ def run(args, master: str | None) -> int:
             raise UsageError("--out must be a local directory (the report and summary are written "
                              "by the driver); the tables can be copied anywhere from there")
         args.out = args.out.removeprefix("file://")
-        if not args.follow:
+        jars: list[str] = []
+        if any(kafka_source.is_kafka(p) for p in args.paths):
+            kafka_source.one_input(args.paths)                        # fail fast, before Spark starts
+            if master is not None:
+                jars = kafka_jars.connector_jars()
+        elif not args.follow:
             resolve_inputs(args.paths, options.fmt, options.since)   # fail fast, before Spark starts
-        spark = session(master)
+        spark = session(master, jars)
         if args.follow:
             from .follow import follow
             follow(spark, args.paths, args.out, options, once=args.once)
             return 0
         result = analyze(spark, args.paths, args.out, options)
-    except (UsageError, InputError) as exc:
+    except (UsageError, InputError, kafka_jars.ConnectorError) as exc:
         print(f"kproxy analyze: error: {exc}", file=sys.stderr)
         return 2
     except (AnalysisException, StreamingQueryException) as exc:

@@ -33,6 +33,8 @@ a successor in its capture session or is older than a rotation. A hard link is
 atomic and copies nothing; the file source deletes its link once the file is
 processed (``cleanSource``), so the capture's size cap still frees the space.
 A Hadoop URI (``s3a://``, ``hdfs://``), where files appear whole, is read in place.
+A topic of shipped rows (``kafka://BOOTSTRAP/TOPIC``, ``kafka_source.py``) is read
+with Spark's Kafka source; the checkpoint keeps its offsets instead of file names.
 
 The lag a user sees: the capture's rotation (``rotate_seconds``, one hour by
 default; capture with ``rotate_seconds`` of a minute to follow closely), plus
@@ -64,6 +66,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 
 from ..observers.capture.config import DEFAULT_ROTATE_SECONDS
+from . import kafka_source
 from . import tables as T
 from .source import (InputError, capture_name, check_file, format_of, is_uri, local_path,
                      prepare, read_with, resolve_inputs)
@@ -246,6 +249,8 @@ def _inputs(paths: list[str], fmt: str, once: bool) -> tuple[list[str], str, boo
     """(local directories or one URI, format, local?) for ``--follow``; InputError if unusable."""
     if fmt not in ("auto", "parquet", "jsonl"):
         raise InputError(f"--format must be auto, parquet or jsonl, got {fmt!r}")
+    if any(kafka_source.is_kafka(p) for p in paths):
+        return [kafka_source.one_input(paths).uri], "kafka", False
     if any(is_uri(p) for p in paths):
         if len(paths) > 1:
             raise InputError("--follow reads one URI, or local directories")
@@ -346,6 +351,9 @@ def _changed_only(write):
 
 
 def _read_stream(spark, location: str, fmt: str, options, local: bool):
+    if fmt == "kafka":
+        raw = kafka_source.read_stream(spark, location)
+        return prepare(raw, options.since, options.until).withWatermark("time", f"{WATERMARK_DELAY_S} seconds")
     reader = spark.readStream.option("maxFilesPerTrigger", MAX_FILES_PER_TRIGGER)
     if local:
         reader = reader.option("cleanSource", "delete")       # our links, never the capture's files

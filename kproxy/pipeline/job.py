@@ -200,7 +200,7 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
     # Parquet is read again by each table, only the columns it needs: cheaper than a cache of
     # every column, which at 10 M pairs no longer fit Spark's default 1 GiB heap and made the
     # job slower. JSONL is parsed once into a disk cache instead of once per table.
-    cached = pairs = pairs.persist(StorageLevel.DISK_ONLY) if inputs.format == "jsonl" else pairs
+    cached = pairs = pairs.persist(StorageLevel.DISK_ONLY) if inputs.format in ("jsonl", "kafka") else pairs
     try:
         head = progress.stage("read pairs", lambda: _headline(pairs), lambda h: f"{h['pairs']:,} pairs")
         if head["foreign"]:
@@ -295,6 +295,7 @@ _PLAN = (
     ("groups", lambda p, b, o, r: T.groups(p, b["rebalances"], b["group_members"], b["group_errors"])),
     ("slowest", lambda p, b, o, r: T.slowest(p, o.top)),
     ("connections", lambda p, b, o, r: T.connections(p)),
+    ("instances", lambda p, b, o, r: T.instances(p)),
 )
 TABLE_NAMES = tuple(name for name, _ in _PLAN)
 # Tables built from other tables (the ``built`` argument above), which must be written first.

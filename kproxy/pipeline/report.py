@@ -639,6 +639,24 @@ def _clients(data: _Data) -> str:
                     "errors, the software it announced and the API versions it used.", "".join(parts))
 
 
+def _instances(data: _Data) -> str:
+    rows = _sorted(data.rows("instances"), "requests", reverse=True)
+    cols = (Col("proxy", "proxy_instance", css="k"), Col("requests", "requests", _int, True),
+            Col("connections", "connections", _int, True),
+            Col("clients", "clients", _int, True, "distinct client id and address pairs"),
+            Col("errors", "error_pairs", _int, True, "answers carrying an error code"),
+            Col("error rate", "error_rate", _share, True),
+            Col("p50", "latency_p50_ms", _ms, True), Col("p99", "latency_p99_ms", _ms, True,
+                                                          "latency, Fetches that waited for data left out"),
+            Col("sent", "request_bytes", _bytes, True), Col("received", "response_bytes", _bytes, True),
+            Col("first seen", "first_seen", _when), Col("last seen", "last_seen", _when))
+    return _section("instances", "Proxies",
+                    "Which kproxy saw what? One row per proxy instance (its instance_name): requests, "
+                    "connections, clients, errors and latency. A sidecar whose p99 or error rate stands "
+                    "out points at its broker; one with no rows was not capturing.",
+                    data.table("instances", rows, cols, "None: the capture holds no pairs."))
+
+
 def _software(row: dict) -> str:
     name, version = row.get("client_software_name"), row.get("client_software_version")
     if name in (None, "unknown") and version in (None, "unknown"):
@@ -985,10 +1003,11 @@ footer { max-width: 1280px; margin: 0 auto; padding: 4px 20px 30px; }
 
 _SECTIONS = (("headline", "Headline"), ("apis", "Per API"), ("errors", "Errors"), ("time", "Over time"),
              ("clients", "Clients"), ("upgrade", "Upgrade readiness"), ("topics", "Topics"),
-             ("groups", "Consumer groups"), ("slowest", "Slowest requests"), ("connections", "Connections"))
+             ("groups", "Consumer groups"), ("slowest", "Slowest requests"), ("connections", "Connections"),
+             ("instances", "Proxies"))
 
 
-_BODY = (_api_latency, _api_errors, _series, _clients, _topics, _groups, _slowest, _connections)
+_BODY = (_api_latency, _api_errors, _series, _clients, _topics, _groups, _slowest, _connections, _instances)
 
 
 def render(tables: dict[str, list[dict]], summary: dict, plots: _Plots) -> str:

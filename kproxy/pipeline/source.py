@@ -271,6 +271,10 @@ def prepare(df, since: dt.datetime | None = None, until: dt.datetime | None = No
 
 def load_capture(spark, paths: list[str], fmt: str = "auto", since: dt.datetime | None = None,
                  until: dt.datetime | None = None):
-    """Resolve, check and read capture files: (Inputs, prepared DataFrame)."""
+    """Resolve, check and read capture files (or a ``kafka://`` topic): (Inputs, prepared DataFrame)."""
+    if any(path.startswith("kafka://") for path in paths):
+        from . import kafka_source
+        inputs, raw = kafka_source.read(spark, paths)
+        return inputs, prepare(raw, since, until)
     inputs = resolve_inputs(paths, fmt, since)
     return inputs, prepare(read_capture(spark, inputs), since, until)

@@ -421,3 +421,23 @@ def connections(pairs: DataFrame) -> DataFrame:
                  F.avg("requests").alias("requests_per_connection"),
                  F.min("opened").alias("first_opened"), F.max("opened").alias("last_opened"))
             .orderBy(F.desc("connections"), "client_id", "client_host"))
+
+
+# ------------------------------------------------------------------ per proxy instance
+
+def instances(pairs: DataFrame) -> DataFrame:
+    """Per kproxy instance (``proxy_instance``): which proxy of a fleet saw what, and how it went."""
+    return (pairs.groupBy("proxy_instance")
+            .agg(F.count("*").alias("requests"),
+                 F.countDistinct("conn_key").alias("connections"),
+                 F.countDistinct(F.struct("client_id", "client_host")).alias("clients"),   # a null client_id counts too
+                 _count_if(F.col("has_error")).alias("error_pairs"),
+                 F.percentile_approx(_latency(), [0.5, 0.99], PERCENTILE_ACCURACY).alias("q"),
+                 F.sum("request_size").alias("request_bytes"),
+                 F.sum(F.coalesce("response_size", F.lit(0))).alias("response_bytes"),
+                 F.min("time").alias("first_seen"), F.max("time").alias("last_seen"))
+            .select("proxy_instance", "requests", "connections", "clients", "error_pairs",
+                    (F.col("error_pairs") / F.col("requests")).alias("error_rate"),
+                    F.col("q")[0].alias("latency_p50_ms"), F.col("q")[1].alias("latency_p99_ms"),
+                    "request_bytes", "response_bytes", "first_seen", "last_seen")
+            .orderBy(F.desc("requests"), "proxy_instance"))

@@ -3,6 +3,10 @@
 Settings from DESIGN.md that keep Spark quick on two cores: ``local[2]``, no UI,
 no console progress bar, two shuffle partitions, UTC, loopback only. Tests that
 use it get the ``spark`` marker, so ``pytest -m "not spark"`` leaves them out.
+Spark's Kafka connector (``kproxy.pipeline.kafka_jars``, fetched by setup.sh) is
+on its class path, for the tests that read shipped capture rows from a topic;
+``tests/proxy/test_capture_shipping.py`` imports this fixture, so there is still
+one session.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ def pytest_collection_modifyitems(items):
 def spark():
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
+    from kproxy.pipeline.kafka_jars import connector_jars
     session = (SparkSession.builder.master("local[2]").appName("kproxy-tests")
+               .config("spark.jars", ",".join(connector_jars()))
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")

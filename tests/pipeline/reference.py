@@ -171,3 +171,19 @@ def connections(rows):
             c[2] = max(c[2], end_time(r))
             c[3] += 1
     return out
+
+
+def instances(rows):
+    """Per proxy_instance: pairs, connections, clients, error pairs, non-long-poll latencies, bytes."""
+    out = {}
+    for r in rows:
+        e = out.setdefault(r["proxy_instance"], {"requests": 0, "connections": set(), "clients": set(),
+                                                 "error_pairs": 0, "latencies": [], "request_bytes": 0})
+        e["requests"] += 1
+        e["connections"].add(conn_key(r))
+        e["clients"].add((r["client_id"], r["client_host"]))
+        e["error_pairs"] += bool(r["error_count"])
+        e["request_bytes"] += r["request_size"]
+        if r["latency_ms"] is not None and not is_long_poll(r):
+            e["latencies"].append(r["latency_ms"])
+    return out

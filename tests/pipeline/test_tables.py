@@ -115,6 +115,18 @@ def test_clients_match(analysed):
         assert set(g["api_versions"]) == e["api_versions"]
 
 
+def test_instances_match(analysed):
+    result, rows = analysed
+    expected = ref.instances(rows)
+    got = {r["proxy_instance"]: r for r in table(result, "instances")}
+    assert set(got) == set(expected) and len(got) > 1
+    for name, e in expected.items():
+        g = got[name]
+        assert (g["requests"], g["connections"], g["clients"], g["error_pairs"], g["request_bytes"]) == \
+            (e["requests"], len(e["connections"]), len(e["clients"]), e["error_pairs"], e["request_bytes"])
+        ref.assert_percentile(e["latencies"], 0.99, g["latency_p99_ms"], PERCENTILE_ACCURACY)
+
+
 def test_client_inventory_and_upgrade_readiness(analysed):
     result, rows = analysed
     inventory = table(result, "client_inventory")

@@ -40,6 +40,9 @@ COUNTERS = (
     "write_errors",      # disk errors; each one stopped a capture
     "files_opened",
     "files_deleted",     # oldest files deleted to stay under max_total_bytes
+    "rows_shipped",      # rows the capture.kafka cluster acknowledged (kafka_sink.py)
+    "ship_dropped",      # rows refused because the producer's queue was full
+    "ship_failed",       # rows the cluster did not take, or not before the capture stopped
 )
 
 class _Info(NamedTuple):

@@ -10,8 +10,11 @@ from typing import Any, Mapping
 
 from ...config import did_you_mean
 from .filters import CaptureFilter
+from .kafka_sink import KafkaTarget
 
-FORMATS = ("jsonl", "parquet", "pcapng")
+# "kafka": rows shipped to the topic of the ``kafka`` table instead of (or as well as) files.
+FORMATS = ("jsonl", "parquet", "pcapng", "kafka")
+FILE_FORMATS = ("jsonl", "parquet", "pcapng")
 
 # Each file is closed and a new one started above this size (approximate for
 # Parquet, whose row groups are compressed as they are written).
@@ -74,7 +77,7 @@ _BOUNDS: dict[str, tuple[float, float]] = {
 class CaptureConfig:
     """One capture session's settings (frozen; ``from_dict`` validates plain values)."""
 
-    directory: str
+    directory: str = ""                     # required when a file format is written
     prefix: str = "kproxy-capture"
     formats: tuple[str, ...] = ("jsonl",)
     filter: CaptureFilter = field(default_factory=CaptureFilter)
@@ -89,6 +92,11 @@ class CaptureConfig:
     parquet_batch_rows: int = DEFAULT_PARQUET_BATCH_ROWS
     parquet_flush_seconds: float = DEFAULT_PARQUET_FLUSH_SECONDS
     writer_cpu_share: float = DEFAULT_WRITER_CPU_SHARE
+    kafka: KafkaTarget | None = None        # where the "kafka" format ships rows
+
+    @property
+    def file_formats(self) -> tuple[str, ...]:
+        return tuple(f for f in self.formats if f in FILE_FORMATS)
 
     def __post_init__(self) -> None:
         if isinstance(self.formats, str):
@@ -100,7 +108,7 @@ class CaptureConfig:
         self.validate()
 
     def validate(self, key: str = "capture") -> None:
-        if not self.directory or "\x00" in self.directory:
+        if (self.file_formats or self.directory) and (not self.directory or "\x00" in self.directory):
             raise ValueError(f"{key}.directory: required (a path without NUL bytes)")
         if not PREFIX_PATTERN.fullmatch(self.prefix):
             raise ValueError(f"{key}.prefix: 1-100 letters, digits, '.', '_' or '-', not starting "
@@ -123,9 +131,11 @@ class CaptureConfig:
                 raise ValueError(f"{key}.{name}: must be at most {_show(name, highest)}, got {value}")
         if not 0 < self.writer_cpu_share <= 1:
             raise ValueError(f"{key}.writer_cpu_share: must be in (0, 1], got {self.writer_cpu_share}")
-        if self.max_total_bytes < self.rotate_bytes * len(self.formats):
+        if "kafka" in self.formats and self.kafka is None:
+            raise ValueError(f"{key}.formats: \"kafka\" needs the {key}.kafka table (bootstrap, topic)")
+        if self.max_total_bytes < self.rotate_bytes * len(self.file_formats):
             raise ValueError(f"{key}.max_total_bytes: must be at least rotate_bytes x formats "
-                             f"({self.rotate_bytes * len(self.formats)}): open files reserve "
+                             f"({self.rotate_bytes * len(self.file_formats)}): open files reserve "
                              f"rotate_bytes each")
         if self.max_total_bytes // self.rotate_bytes > MAX_CAPTURE_FILES:
             raise ValueError(f"{key}.max_total_bytes: at most {MAX_CAPTURE_FILES} x rotate_bytes "
@@ -148,6 +158,9 @@ class CaptureConfig:
                 continue
             if name == "filter":
                 values[name] = CaptureFilter.from_dict(value, f"{key}.filter")
+            elif name == "kafka":
+                values[name] = value if isinstance(value, KafkaTarget) else \
+                    KafkaTarget.from_dict(value, f"{key}.kafka")
             elif name == "formats":
                 values[name] = tuple(v.strip() for v in value.split(",")) if isinstance(value, str) \
                     else tuple(str(v) for v in value)
@@ -159,7 +172,7 @@ class CaptureConfig:
                 values[name] = _number(value, float, f"{key}.{name}")
             else:
                 values[name] = _number(value, int, f"{key}.{name}")
-        if "directory" not in values:
+        if "directory" not in values and set(values.get("formats", ("jsonl",))) & set(FILE_FORMATS):
             raise ValueError(f"{key}.directory: required")
         return cls(**values)
 
@@ -167,6 +180,7 @@ class CaptureConfig:
         out = dataclasses.asdict(self)
         out["formats"] = list(self.formats)
         out["filter"] = self.filter.to_dict()
+        out["kafka"] = self.kafka.to_dict() if self.kafka is not None else None
         return out
 
 

@@ -13,8 +13,10 @@ just ``{"filter": {"apis": ["Produce"]}}``.
 What a request body cannot do, whoever sends it (the admin listener checks the
 token before any of this runs): write outside ``root`` (the operator's
 ``capture_root``; a relative directory is taken under it, the root itself by
-default), and capture record data unless the operator allowed it
-(``allow_record_data``, from ``capture_allow_record_data`` in the config).
+default), capture record data unless the operator allowed it
+(``allow_record_data``, from ``capture_allow_record_data`` in the config), and
+name where rows are shipped (``kafka``: the operator's config alone says that,
+or an admin token would be enough to copy traffic to any cluster).
 """
 
 from __future__ import annotations
@@ -46,20 +48,30 @@ def start_capture(capture: Capture, body: Mapping[str, Any] | None,
                   root: str | None, allow_record_data: bool = False) -> tuple[int, dict]:
     """200 + status; 400 bad settings; 403 refused by the operator's settings (no
     ``root``, or record data not allowed); 409 already running; 500 cannot create files."""
-    if root is None:
-        return 403, {"error": "capture is off: no capture_root is configured (set capture_root "
-                              "or capture.directory in kproxy's config)"}
+    if body and "kafka" in body:
+        return 403, {"error": "capture.kafka: refused: where rows are shipped is set in kproxy's "
+                              "config only (the capture table or KPROXY_CAPTURE)"}
     merged: dict[str, Any] = {}
     if isinstance(defaults, CaptureConfig):
         merged.update(defaults.to_dict())
     elif defaults:
         merged.update(defaults)
     merged.update(body or {})
-    if merged.get("directory") is None:
+    try:
+        ships_only = not CaptureConfig.from_dict({**merged, "directory": "-"}).file_formats
+    except ValueError as exc:
+        return 400, {"error": str(exc)}
+    if root is None and not ships_only:
+        return 403, {"error": "capture is off: no capture_root is configured (set capture_root "
+                              "or capture.directory in kproxy's config)"}
+    if ships_only:
+        merged["directory"] = ""                  # rows go to capture.kafka only: no files
+    elif merged.get("directory") is None:
         merged["directory"] = root
     try:
         config = CaptureConfig.from_dict(merged)
-        config = dataclasses.replace(config, directory=directory_in_root(root, config.directory))
+        if config.file_formats:
+            config = dataclasses.replace(config, directory=directory_in_root(root, config.directory))
     except ValueError as exc:
         return 400, {"error": str(exc)}
     if config.include_record_data and not allow_record_data:
@@ -71,7 +83,8 @@ def start_capture(capture: Capture, body: Mapping[str, Any] | None,
     except CaptureError as exc:
         return 409, {"error": str(exc), "status": capture.status()}
     except OSError as exc:
-        return 500, {"error": f"cannot write captures to {config.directory}: {exc.strerror or exc}"}
+        where = config.directory or (config.kafka and f"kafka://{config.kafka.bootstrap}/{config.kafka.topic}")
+        return 500, {"error": f"cannot write captures to {where}: {exc.strerror or exc}"}
 
 
 def stop_capture(capture: Capture, timeout: float = 30.0) -> tuple[int, dict]:

@@ -43,7 +43,7 @@ class Session:
         self.learn_metadata = self.filter.has_topics
         # A connection's client software and principal fill all its rows, so its ApiVersions
         # and SASL pairs are read even when a filter (APIs, sampling) leaves their rows out.
-        self.learn_software = "jsonl" in config.formats or "parquet" in config.formats
+        self.learn_software = bool({"jsonl", "parquet", "kafka"} & set(config.formats))
         self.connection_ok: dict[int, bool] = {}
         self.seen: set[int] = set()                  # connections with something queued
         self.wall_offset = time.time() - time.monotonic()

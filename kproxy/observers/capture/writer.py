@@ -81,8 +81,10 @@ class Writer(threading.Thread):
         config = self.config = session.config
         self.filter = session.filter
         self.wall_offset = session.wall_offset
+        # No file format (rows only shipped to Kafka): no directory is created or needed.
         self.files = FileSet(config.directory, config.prefix, config.rotate_bytes,
-                             config.rotate_seconds, config.max_total_bytes, self.capture)
+                             config.rotate_seconds, config.max_total_bytes,
+                             self.capture) if config.file_formats else None
         self.jsonl = JsonlSink(self.files, self.capture) if "jsonl" in config.formats else None
         self.parquet = None
         if "parquet" in config.formats:
@@ -90,8 +92,12 @@ class Writer(threading.Thread):
             self.parquet = ParquetSink(self.files, self.capture, config.parquet_batch_rows,
                                        config.parquet_flush_seconds)
         self.pcap = PcapngSink(self.files, self.capture) if "pcapng" in config.formats else None
-        self.sinks = [s for s in (self.jsonl, self.parquet, self.pcap) if s is not None]
-        self.rows = self.jsonl is not None or self.parquet is not None
+        self.kafka = None
+        if "kafka" in config.formats:
+            from .kafka_sink import KafkaSink    # confluent-kafka only when rows are shipped
+            self.kafka = KafkaSink(config.kafka, self.capture)
+        self.sinks = [s for s in (self.jsonl, self.parquet, self.pcap, self.kafka) if s is not None]
+        self.rows = self.jsonl is not None or self.parquet is not None or self.kafka is not None
         # With a topic filter a request's fate is known only with its response:
         # pcapng then writes both together.
         self.defer_pcap = self.filter.has_topics
@@ -106,7 +112,8 @@ class Writer(threading.Thread):
         try:
             for sink in self.sinks:
                 sink.open()
-            self.files.enforce_cap()
+            if self.files is not None:
+                self.files.enforce_cap()
         except OSError:
             for sink in self.sinks:
                 sink.abandon()
@@ -317,6 +324,8 @@ class Writer(threading.Thread):
                 self.jsonl.write(built)
             if self.parquet is not None:
                 self.parquet.write(built)
+            if self.kafka is not None:
+                self.kafka.write(built)
             self.capture.rows_written += 1
         if self.pcap is not None:
             if not written:
