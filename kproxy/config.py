@@ -182,6 +182,9 @@ class Config:
     metrics_group_label: bool = False          # consumer group metrics per group (else totals)
     metrics_principal_label: bool = False      # requests/bytes per authenticated principal and API
     metrics_label_cap: int = DEFAULT_METRICS_LABEL_CAP
+    # Decode the metrics clients push (KIP-714 PushTelemetry) into kproxy_client_metric,
+    # per client instance (at most metrics_label_cap of them), and the live page.
+    client_telemetry: bool = False
     # Capture settings (directory, formats, filters, rotation; see README "Traffic capture"):
     # defaults for captures started through the admin listener, and for capture_autostart.
     capture: Mapping[str, Any] | None = None
@@ -245,7 +248,7 @@ _SCALARS: dict[str, type] = {
     "idle_timeout": float, "connect_timeout": float, "shutdown_timeout": float,
     "cap_api_versions": bool, "log_level": str, "metrics_client_id_label": bool,
     "metrics_topic_label": bool, "metrics_group_label": bool, "metrics_principal_label": bool,
-    "metrics_label_cap": int, "capture_autostart": bool,
+    "metrics_label_cap": int, "capture_autostart": bool, "client_telemetry": bool,
     "instance_name": str,
     "capture_root": str, "capture_allow_record_data": bool, "admin_token_file": str,
     "admin_token": str, "workers": int, "proxy_protocol": str,
