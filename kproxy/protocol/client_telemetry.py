@@ -16,6 +16,7 @@ Java client nor librdkafka sends them) are counted by ``decode_push`` as skipped
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import DecodeError
 from .records import decompress
@@ -33,9 +34,9 @@ REQUEST_LATENCY_AVG = "org.apache.kafka.producer.request.latency.avg"
 NODE_REQUEST_LATENCY_AVG = "org.apache.kafka.producer.node.request.latency.avg"
 
 
-@dataclass(frozen=True, slots=True)
-class ClientMetric:
-    """One data point a client pushed."""
+class ClientMetric(NamedTuple):
+    """One data point a client pushed (a tuple: a push makes one per point, ~3x cheaper than
+    a frozen dataclass)."""
     name: str
     attributes: tuple[tuple[str, str], ...]     # sorted (key, value as text)
     value: float
