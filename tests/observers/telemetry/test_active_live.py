@@ -1,0 +1,117 @@
+"""kproxy offering client telemetry itself (``telemetry_offer``) in front of a stock broker
+(which offers no KIP-714): clients see 71/72, push to kproxy, and the broker never sees them."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import struct
+
+import confluent_kafka
+import pytest
+
+from kproxy.embedded.kafka import run_tool
+from kproxy.protocol import Uuid, new_body
+from kproxy.proxy.local_requests import LocalRequest
+from kproxy.proxy.relay import Relay
+from tests.observers.metrics import scrape_until, unique
+from tests.proxy.harness import ProxyThread
+from tests.proxy.wire import WitnessClient, create_topic
+
+pytestmark = pytest.mark.broker
+
+WAIT_S = 60.0
+OFFER = {"enabled": True, "push_interval_ms": 500, "metrics": ["org.apache.kafka.producer."]}
+TELEMETRY_KEYS = {71, 72}
+
+
+@pytest.fixture
+def to_broker(monkeypatch):
+    """Every byte kproxy sends a broker, per connection (what the relay's split forwards)."""
+    sent: dict[int, bytearray] = collections.defaultdict(bytearray)
+    original = Relay._to_broker
+
+    def recording(self, pieces):
+        for piece in pieces:
+            if piece.__class__ is not LocalRequest:
+                sent[id(self)] += bytes(piece)
+        return original(self, pieces)
+
+    monkeypatch.setattr(Relay, "_to_broker", recording)
+    return sent
+
+
+def api_keys_sent(sent) -> collections.Counter:
+    keys = collections.Counter()
+    for stream in sent.values():
+        pos = 0
+        while pos + 6 <= len(stream):
+            size, api_key = struct.unpack_from(">ih", stream, pos)
+            keys[api_key] += 1
+            pos += 4 + size
+    return keys
+
+
+def series(samples, client_id: str) -> dict:
+    return {dict(labels)["name"]: v for (name, labels), v in samples.items()
+            if name == "kproxy_client_metric" and dict(labels).get("client_id") == client_id}
+
+
+def test_clients_push_to_kproxy_and_the_broker_never_sees_telemetry(kafka_cluster, to_broker):
+    librdkafka_id, java_id = unique("offered-rd"), unique("offered-java")
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, client_telemetry=True,
+                     metrics_client_id_label=True, telemetry_offer=OFFER) as proxy:
+        topic = create_topic(proxy.bootstrap)
+        producer = confluent_kafka.Producer({"bootstrap.servers": proxy.bootstrap, "client.id": librdkafka_id})
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            java = pool.submit(run_tool, kafka_cluster, kafka_cluster.tools.producer_perf, "--topic", topic,
+                               "--num-records", "1500", "--record-size", "100", "--throughput", "300",
+                               "--producer-props", f"bootstrap.servers={proxy.bootstrap}", f"client.id={java_id}")
+
+            def produce():
+                producer.produce(topic, b"x" * 100)
+                producer.poll(0.05)
+            seen_java = {}
+
+            def both_pushed(samples) -> bool:
+                seen_java.update(series(samples, java_id))
+                return bool(seen_java) and "org.apache.kafka.producer.record.queue.time.avg" in \
+                    series(samples, librdkafka_id)
+            scrape_until(both_pushed, "both clients' pushes", proxy, timeout=WAIT_S, poll=produce)
+            java.result()
+        producer.flush(10)
+        assert all(name.startswith("org.apache.kafka.producer.") for name in seen_java)
+        del producer
+    keys = api_keys_sent(to_broker)
+    assert keys[0] > 0 and keys[18] > 0                   # Produce and ApiVersions went on
+    assert not TELEMETRY_KEYS & set(keys), keys
+
+
+def test_a_denied_librdkafka_is_not_offered_telemetry_and_its_connection_goes_on(kafka_cluster, to_broker):
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, telemetry_offer=OFFER) as proxy:
+        offered = {}
+        for version in ("2.5.1", "2.5.3"):
+            with WitnessClient(proxy.bootstrap) as client:
+                body = client.request(18, 3, new_body("request", 18, 3, client_software_name="librdkafka",
+                                                      client_software_version=version))
+                offered[version] = TELEMETRY_KEYS <= {k.api_key for k in body.api_keys}
+                asked = client.request(71, 0, new_body("request", 71, 0, client_instance_id=Uuid(bytes(16))))
+                metadata = client.request(3, 12, new_body("request", 3, 12, topics=[]))
+                assert metadata.brokers                   # the connection works on
+                if version == "2.5.1":
+                    assert asked.error_code == 35         # asked anyway: no subscription
+                else:
+                    assert asked.error_code == 0 and asked.requested_metrics == OFFER["metrics"]
+                    assert any(asked.client_instance_id) and asked.push_interval_ms == 500
+        assert offered == {"2.5.1": False, "2.5.3": True}
+    assert not TELEMETRY_KEYS & set(api_keys_sent(to_broker))
+
+
+def test_clients_no_pattern_matches_get_an_empty_subscription(kafka_cluster):
+    offer = dict(OFFER, clients=["apache-kafka-java/*"])
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, telemetry_offer=offer) as proxy:
+        with WitnessClient(proxy.bootstrap) as client:
+            client.request(18, 3, new_body("request", 18, 3, client_software_name="librdkafka",
+                                           client_software_version="2.16.0"))
+            asked = client.request(71, 0, new_body("request", 71, 0, client_instance_id=Uuid(bytes(16))))
+            assert asked.error_code == 0 and asked.requested_metrics == []
