@@ -1272,6 +1272,9 @@ MAX_MERGED_GAUGES = frozenset({
     "kproxy_capture_active",                # 1 while capturing: every worker captures, or none
     "kproxy_broker_listeners_unbound",      # every worker tries to bind the same ports
     "kproxy_group_members",                 # each worker sees a group's generation whole (or less)
+    # What a client instance last pushed: the same numbers on whichever worker carried its pushes.
+    "kproxy_client_metric", "kproxy_client_record_queue_seconds", "kproxy_client_request_latency_seconds",
+    "kproxy_client_broker_latency_seconds",
 })
 # Gauges where the lowest value across workers is the fact to alert on: each worker reloads
 # its certificate itself, and the one that still serves the oldest expires first.
