@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import struct
+import time
 
 import confluent_kafka
 import pytest
@@ -115,3 +116,27 @@ def test_clients_no_pattern_matches_get_an_empty_subscription(kafka_cluster):
                                            client_software_version="2.16.0"))
             asked = client.request(71, 0, new_body("request", 71, 0, client_instance_id=Uuid(bytes(16))))
             assert asked.error_code == 0 and asked.requested_metrics == []
+
+
+def test_the_live_page_lists_the_pushing_client(browser, kafka_cluster, tmp_path):
+    from tests.proxy.live_page import TOKEN, open_page
+    client_id = unique("on-the-page")
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, admin_token=TOKEN, client_telemetry=True,
+                     telemetry_offer=OFFER) as proxy:
+        topic = create_topic(proxy.bootstrap)
+        page = open_page(browser, proxy)
+        producer = confluent_kafka.Producer({"bootstrap.servers": proxy.bootstrap, "client.id": client_id})
+        try:
+            row = page.locator("#telemetry tbody tr", has_text=client_id)
+            deadline = time.monotonic() + WAIT_S
+            while not (row.count() and row.first.locator("td").nth(7).text_content() != "–"):
+                assert time.monotonic() < deadline, "no telemetry row with a split on the page"
+                producer.produce(topic, b"x" * 100)
+                producer.poll(0.2)
+            cells = row.first.locator("td").all_text_contents()
+            assert cells[1] == client_id and cells[3].startswith("confluent-kafka-python ")
+            assert int(cells[4]) >= 1 and float(cells[7]) > 0           # pushes; the client's request latency
+            page.screenshot(path=str(tmp_path / "telemetry.png"))
+        finally:
+            producer.flush(10)
+            page.close()
