@@ -66,7 +66,7 @@ def test_clients_push_to_kproxy_and_the_broker_never_sees_telemetry(kafka_cluste
         producer = confluent_kafka.Producer({"bootstrap.servers": proxy.bootstrap, "client.id": librdkafka_id})
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             java = pool.submit(run_tool, kafka_cluster, kafka_cluster.tools.producer_perf, "--topic", topic,
-                               "--num-records", "1500", "--record-size", "100", "--throughput", "300",
+                               "--num-records", "900", "--record-size", "100", "--throughput", "300",
                                "--producer-props", f"bootstrap.servers={proxy.bootstrap}", f"client.id={java_id}")
 
             def produce():
