@@ -13,6 +13,9 @@ import pytest
 
 from kproxy.embedded.kafka import run_tool
 from kproxy.protocol import Uuid, new_body
+from kproxy.observers.capture.filters import header_client_id
+from kproxy.protocol.client_telemetry import decode_push
+from kproxy.protocol.connection import ResponseReceived
 from kproxy.proxy.local_requests import LocalRequest
 from kproxy.proxy.relay import Relay
 from tests.observers.metrics import scrape_until, unique
@@ -60,29 +63,36 @@ def series(samples, client_id: str) -> dict:
 
 def test_clients_push_to_kproxy_and_the_broker_never_sees_telemetry(kafka_cluster, to_broker):
     librdkafka_id, java_id = unique("offered-rd"), unique("offered-java")
-    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, client_telemetry=True,
+    pushed = collections.defaultdict(list)           # client_id -> metric names of each push kproxy took
+
+    def pushes(info, events):
+        for e in events:
+            if e.__class__ is ResponseReceived and e.api_key == 72 and not e.response.body.error_code:
+                body = e.request_event.request.body
+                pushed[header_client_id(e.request_event.frame)].append(
+                    {m.name for m in decode_push(body.compression_type, body.metrics).metrics})
+
+    with ProxyThread([pushes], upstream=kafka_cluster.bootstrap_servers, client_telemetry=True,
                      metrics_client_id_label=True, telemetry_offer=OFFER) as proxy:
         topic = create_topic(proxy.bootstrap)
         producer = confluent_kafka.Producer({"bootstrap.servers": proxy.bootstrap, "client.id": librdkafka_id})
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             java = pool.submit(run_tool, kafka_cluster, kafka_cluster.tools.producer_perf, "--topic", topic,
-                               "--num-records", "900", "--record-size", "100", "--throughput", "300",
+                               "--num-records", "1200", "--record-size", "100", "--throughput", "300",
                                "--producer-props", f"bootstrap.servers={proxy.bootstrap}", f"client.id={java_id}")
 
             def produce():
                 producer.produce(topic, b"x" * 100)
                 producer.poll(0.05)
-            seen_java = {}
 
-            def both_pushed(samples) -> bool:
-                seen_java.update(series(samples, java_id))
-                return bool(seen_java) and "org.apache.kafka.producer.record.queue.time.avg" in \
-                    series(samples, librdkafka_id)
-            scrape_until(both_pushed, "both clients' pushes", proxy, timeout=WAIT_S, poll=produce)
+            def librdkafka_exported(samples) -> bool:
+                return "org.apache.kafka.producer.record.queue.time.avg" in series(samples, librdkafka_id)
+            scrape_until(librdkafka_exported, "librdkafka's pushes exported", proxy, timeout=WAIT_S, poll=produce)
             java.result()
         producer.flush(10)
-        assert all(name.startswith("org.apache.kafka.producer.") for name in seen_java)
         del producer
+    assert pushed[java_id] and all(names and all(n.startswith("org.apache.kafka.producer.") for n in names)
+                                   for names in pushed[java_id][:-1]), pushed[java_id]
     keys = api_keys_sent(to_broker)
     assert keys[0] > 0 and keys[18] > 0                   # Produce and ApiVersions went on
     assert not TELEMETRY_KEYS & set(keys), keys
