@@ -154,3 +154,26 @@ def test_java_producer_latency_split_and_pushes_captured_push_by_push(telemetry_
     assert [comparable({(m["name"], m["attributes"]): m["value"] for m in r["telemetry_metrics"]})
             for r in pushed] == [comparable(points(p.payload)) for p in received]
     assert received[-1].terminating and pushed[-1]["request"]["terminating"]
+
+
+def test_with_the_offer_on_a_broker_that_offers_telemetry_still_gets_the_pushes(telemetry_cluster):
+    """kproxy offers KIP-714 only where the broker does not: here the broker's plugin receives."""
+    cluster, receiver = telemetry_cluster
+    client_id = unique("broker-offers")
+    with ProxyThread(upstream=cluster.bootstrap_servers, client_telemetry=True, metrics_client_id_label=True,
+                     telemetry_offer={"enabled": True, "push_interval_ms": 100_000}) as proxy:
+        topic = create_topic(proxy.bootstrap)
+        producer = confluent_kafka.Producer({"bootstrap.servers": proxy.bootstrap, "client.id": client_id})
+
+        def produce():
+            producer.produce(topic, b"x" * 100)
+            producer.poll(0.05)
+
+        def broker_received(samples) -> bool:
+            mine = exported(samples, client_id)
+            return len(mine) == 1 and len(receiver.pushes(kafka_uuid(next(iter(mine))))) >= 2
+        scrape_until(broker_received, "the broker's plugin to receive the pushes", proxy, timeout=WAIT_S,
+                     poll=produce)
+        assert proxy.runtime.proxy.telemetry_offer.broker_offers is True
+        producer.flush(10)
+        del producer
