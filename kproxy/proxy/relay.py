@@ -769,6 +769,9 @@ class Relay:
         backlog, self._backlog = self._backlog, None
         self.client.resume("earlier answers first")
         self._to_broker(list(backlog))
+        broker = self.broker.transport
+        if self._backlog is None and self.client_done_sending and broker.can_write_eof():
+            broker.write_eof()                   # the client's half-close, held back with the backlog
 
     def _observe_answered(self) -> None:
         answered, self._answered = self._answered, []
@@ -864,7 +867,7 @@ class Relay:
             return False
         self.client_done_sending = True
         broker = self.broker.transport
-        if broker.can_write_eof():
+        if broker.can_write_eof() and self._backlog is None:    # else once the backlog is sent
             broker.write_eof()
         if not self.in_flight:
             self.finish("client closed")
