@@ -3,6 +3,7 @@ terminating pushes and quiet clients retiring their series, refused pushes not k
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -113,3 +114,22 @@ def test_split_takes_the_same_clients_produce_latency_between_pushes():
               ("client_software_name", "unknown"), ("client_software_version", "unknown"))
     assert samples(metrics, "kproxy_client_record_queue_seconds") == {labels: 0.030}
     assert abs(samples(metrics, "kproxy_client_broker_latency_seconds")[labels] - 0.010) < 1e-9
+
+
+def test_series_join_the_connections_software_and_principal():
+    clock = Clock()
+    telemetry = ClientTelemetry(CAP, clock=clock)
+    metrics = Metrics(telemetry=telemetry, client_id_label=True, principal_label=True)
+    client = Client(Both(metrics, telemetry), clock)
+    client.info = dataclasses.replace(client.info, principal="CN=orders,O=Example")
+    telemetry.connection_opened(client.info)
+    client.call("ApiVersions", 3, dict(client_software_name="apache-kafka-java", client_software_version="4.4.0"),
+                dict(error_code=0, api_keys=[]))
+    instance = uuid.uuid4()
+    push(client, instance, 12.5)
+    labels = {dict(k)["name"]: dict(k) for k in samples(metrics, "kproxy_client_metric")}[QUEUE]
+    assert labels == {"client_instance_id": str(Uuid(instance.bytes)), "client_id": "app",
+                      "client_software_name": "apache-kafka-java", "client_software_version": "4.4.0",
+                      "principal": "CN=orders,O=Example", "name": QUEUE, "attributes": ""}
+    row, = telemetry.inventory()
+    assert (row["software_name"], row["principal"], row["pushes"]) == ("apache-kafka-java", "CN=orders,O=Example", 1)
