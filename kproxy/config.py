@@ -21,6 +21,7 @@ from .protocol.connection import DEFAULT_MAX_FRAME_SIZE
 
 if TYPE_CHECKING:
     from .observers.audit import AuditConfig
+    from .proxy.telemetry_offer import TelemetryOffer
 
 HostPort = tuple[str, int]
 
@@ -182,6 +183,12 @@ class Config:
     metrics_group_label: bool = False          # consumer group metrics per group (else totals)
     metrics_principal_label: bool = False      # requests/bytes per authenticated principal and API
     metrics_label_cap: int = DEFAULT_METRICS_LABEL_CAP
+    # Decode the metrics clients push (KIP-714 PushTelemetry) into kproxy_client_metric,
+    # per client instance (at most metrics_label_cap of them), and the live page.
+    client_telemetry: bool = False
+    # KIP-714 offered by kproxy itself where the broker does not (the telemetry_offer table:
+    # enabled, metrics, push_interval_ms, clients); off by default.
+    telemetry_offer: "TelemetryOffer" = field(default_factory=lambda: _telemetry_offer({}))
     # Capture settings (directory, formats, filters, rotation; see README "Traffic capture"):
     # defaults for captures started through the admin listener, and for capture_autostart.
     capture: Mapping[str, Any] | None = None
@@ -245,19 +252,36 @@ _SCALARS: dict[str, type] = {
     "idle_timeout": float, "connect_timeout": float, "shutdown_timeout": float,
     "cap_api_versions": bool, "log_level": str, "metrics_client_id_label": bool,
     "metrics_topic_label": bool, "metrics_group_label": bool, "metrics_principal_label": bool,
-    "metrics_label_cap": int, "capture_autostart": bool,
+    "metrics_label_cap": int, "capture_autostart": bool, "client_telemetry": bool,
     "instance_name": str,
     "capture_root": str, "capture_allow_record_data": bool, "admin_token_file": str,
     "admin_token": str, "workers": int, "proxy_protocol": str,
 }
 _KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "probe_listen", "broker_port_map",
                           "tls_server", "tls_client", "capture", "proxy_protocol_trusted_cidrs",
-                          "audit", "audit_file"} | set(TLS_FLAT_KEYS) | {TLS_CLIENT_ENABLED}
+                          "audit", "audit_file", "telemetry_offer"} | set(TLS_FLAT_KEYS) | {TLS_CLIENT_ENABLED}
 
 
 def setting_names() -> frozenset[str]:
     """Every key a config file, ``KPROXY_*`` variable or flag may set."""
     return frozenset(_KNOWN)
+
+
+def _telemetry_offer(table: Any):
+    """The telemetry_offer table (or JSON object from KPROXY_TELEMETRY_OFFER)."""
+    from .proxy.telemetry_offer import TelemetryOffer, TelemetryOfferError
+    if isinstance(table, str):
+        try:
+            import json
+            table = json.loads(table)
+        except ValueError as exc:
+            raise ConfigError(f"telemetry_offer: not a JSON object: {exc}") from None
+    if not isinstance(table, Mapping):
+        raise ConfigError("telemetry_offer: expected a table of settings")
+    try:
+        return TelemetryOffer.from_mapping(table)
+    except TelemetryOfferError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _default_audit():
@@ -539,6 +563,8 @@ def build(*layers: Mapping[str, Any]) -> Config:
         raw["proxy_protocol"] = "off"
     if "proxy_protocol" in raw:
         raw["proxy_protocol"] = str(raw["proxy_protocol"]).strip().lower()
+    if "telemetry_offer" in raw:
+        values["telemetry_offer"] = _telemetry_offer(raw.pop("telemetry_offer"))
     if "audit" in raw or "audit_file" in raw:
         values["audit"] = _audit(raw.pop("audit", None), raw.pop("audit_file", None))
     if "proxy_protocol_trusted_cidrs" in raw:

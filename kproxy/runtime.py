@@ -31,6 +31,7 @@ from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.live import LiveView
 from .observers.metrics import Metrics
+from .observers.telemetry import ClientTelemetry
 from .proxy.admin import AdminServer, SharedRender, metrics_answer
 from .proxy.live_web import LiveRoutes
 from .proxy.probe_board import Board
@@ -83,20 +84,24 @@ class Runtime:
         self.capture = Capture(instance_name=config.instance_name)
         # The audit trail (file and/or kproxy.audit log lines); not an observer when both are off.
         self.audit = Audit(config.audit, config.instance_name) if config.audit.enabled else None
+        # Client telemetry (KIP-714) harvested from relayed pushes, when asked for.
+        self.telemetry = ClientTelemetry(config.metrics_label_cap) if config.client_telemetry else None
         self.metrics = Metrics(client_id_label=config.metrics_client_id_label,
                                topic_label=config.metrics_topic_label,
                                group_label=config.metrics_group_label,
                                principal_label=config.metrics_principal_label,
                                label_cap=config.metrics_label_cap, capture=self.capture,
-                               audit=self.audit,
+                               audit=self.audit, telemetry=self.telemetry,
                                in_flight=lambda: self.proxy.in_flight(),
                                traffic=lambda: self.proxy.traffic(),
                                unbound_listeners=lambda: len(self.proxy.unbound))
         # Record data in the live page only when the operator allows it in capture files.
         self.live = LiveView(include_record_data=config.capture_allow_record_data,
-                             instance_name=config.instance_name, pair_ids=worker_ids())
+                             instance_name=config.instance_name, pair_ids=worker_ids(),
+                             telemetry=self.telemetry)
         audit = [self.audit] if self.audit is not None else []
-        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *audit, *observers])
+        telemetry = [self.telemetry] if self.telemetry is not None else []
+        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *audit, *telemetry, *observers])
         self.admin = AdminServer({
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
             "/capture": self._capture_status,

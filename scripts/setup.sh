@@ -44,6 +44,7 @@ if [ "$PROFILE" = test ]; then
     command -v tshark >/dev/null || need_apt+=(tshark)        # reads kproxy's pcapng captures (capture tests)
     command -v chromium >/dev/null || need_apt+=(chromium)    # the analysis report and web view, in a real browser
     command -v openssl >/dev/null || need_apt+=(openssl)      # the TLS tests' certificates
+    command -v javac >/dev/null || need_apt+=(openjdk-17-jdk-headless)  # compiles the test broker's telemetry plugin
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -13,7 +13,8 @@ import textwrap
 # python-snappy is not listed: prometheus_client's exposition imports it itself.
 LOADED_AT_FIRST_USE = ("crc32c", "lz4", "zstandard", "pyarrow", "pyspark", "matplotlib",
                        "kproxy.observers.capture.parquet", "kproxy.pipeline.job",
-                       "cryptography")                       # only with TLS configured
+                       "cryptography",                       # only with TLS configured
+                       "google.protobuf", "opentelemetry")   # the first client telemetry push
 
 # The start of ``kproxy run``: the command line (every subcommand's parser), the config,
 # the runtime and its observers, without opening a socket.

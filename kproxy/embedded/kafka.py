@@ -468,6 +468,8 @@ class KafkaCluster:
     CONTROLLER:PLAINTEXT`` plus ``listener.name.client.*`` settings); ``format_args`` are
     passed to the storage format tool (e.g. ``--add-scram``). ``advertised`` sets the
     ``CLIENT`` address each node advertises, e.g. a relay in front of it.
+    ``extra_classpath`` entries follow Kafka's jars on each node's classpath (plugins, such
+    as a ``metric.reporters`` class).
 
     A temporary workdir is removed by ``stop()`` unless ``keep_workdir``; one given by the
     caller is never removed. After a failed start the workdir is kept for its logs.
@@ -485,6 +487,7 @@ class KafkaCluster:
         format_args: Sequence[str] = (),
         cache_dir: Path | None = None,
         startup_timeout: float = STARTUP_TIMEOUT_S,
+        extra_classpath: Sequence[Path | str] = (),
     ) -> None:
         if brokers < 1:
             raise ValueError(f"brokers must be at least 1, not {brokers}")
@@ -497,6 +500,7 @@ class KafkaCluster:
         self._format_args = tuple(format_args)
         self._cache_dir = cache_dir
         self._startup_timeout = startup_timeout
+        self._extra_classpath = tuple(str(p) for p in extra_classpath)
         self._workdir: Path | None = None
         self._home: Path | None = None
         self._nodes: dict[int, _Node] = {}
@@ -733,7 +737,7 @@ class KafkaCluster:
             *BROKER_JVM_ARGS,
             _logging_jvm_arg(self._home, self._version, "broker"),
             "-cp",
-            f"{self._home / 'lib'}/*",
+            os.pathsep.join((f"{self._home / 'lib'}/*", *self._extra_classpath)),
             "kafka.Kafka",
             str(node.config_path),
         ]

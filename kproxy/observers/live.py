@@ -298,8 +298,10 @@ class LiveView:
     """
 
     def __init__(self, include_record_data: bool = False, instance_name: str | None = None,
-                 pair_ids: Iterator[int] | None = None):
-        """``pair_ids``: where pair ids come from (as a worker: ids no other worker uses)."""
+                 pair_ids: Iterator[int] | None = None, telemetry=None):
+        """``pair_ids``: where pair ids come from (as a worker: ids no other worker uses);
+        ``telemetry``: the client telemetry harvest, whose clients the overview lists."""
+        self.telemetry = telemetry
         self.include_record_data = include_record_data
         self.instance_name = instance_name
         self.viewers: list[Viewer] = []
@@ -538,6 +540,7 @@ class LiveView:
                 "traffic": self._window.snapshot(now),
                 "connections": {"open": len(clients), "by_listener": dict(sorted(listeners.items()))},
                 "inventory": _inventory(clients + list(self._closed)),
+                "client_telemetry": self.telemetry.inventory() if self.telemetry is not None else [],
                 "counters": {"analysed": self.analysed, "overloaded": self.overloaded,
                              "row_errors": self.row_errors, "viewers": len(self.viewers),
                              "queued": max(self.put_pairs - self.got_pairs, 0)},
@@ -622,6 +625,7 @@ def merge_overviews(overviews: list[dict]) -> dict:
             "connections": {"open": sum(o["connections"]["open"] for o in overviews),
                             "by_listener": dict(sorted(listeners.items()))},
             "inventory": _inventory_list(groups), "counters": counters,
+            "client_telemetry": [row for o in overviews for row in o.get("client_telemetry", ())],
             "record_data_shown": bool(overviews) and all(o["record_data_shown"] for o in overviews)}
 
 

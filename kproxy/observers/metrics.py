@@ -249,12 +249,13 @@ class Metrics:
     def __init__(self, client_id_label: bool = False, topic_label: bool = False,
                  label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None,
                  unbound_listeners=None, group_label: bool = False, consumer_lag: bool = True,
-                 principal_label: bool = False, audit=None):
+                 principal_label: bool = False, audit=None, telemetry=None):
         """``in_flight()``, ``traffic()`` and ``unbound_listeners()`` are read at scrape time
         (nothing on the hot path): traffic returns cumulative byte totals keyed like
         ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported.
         ``consumer_lag=False`` leaves the lag out (the metrics benchmark's baseline); ``audit``
-        is the audit observer whose event counts are exported."""
+        is the audit observer whose event counts are exported; ``telemetry`` the client
+        telemetry harvest (``observers.telemetry``) whose clients' metrics are exported."""
         # No "_created" series: one more per counter and histogram child, and nothing on the
         # dashboard or in the alerts reads them. Process-wide in prometheus-client; set here,
         # where kproxy's registry is made, so that every exposition of it goes without them.
@@ -343,6 +344,8 @@ class Metrics:
             r.register(_CaptureCollector(capture))
         if audit is not None:
             r.register(_AuditCollector(audit))
+        if telemetry is not None:
+            r.register(_ClientTelemetryCollector(telemetry, client_id_label, principal_label))
 
         self.client_id_label = BoundedLabel(label_cap) if client_id_label else None
         self.topic_label = BoundedLabel(label_cap) if topic_label else None
@@ -1052,6 +1055,79 @@ class _AuditCollector:
                 CounterMetricFamily(*self.WRITE_ERRORS)]
 
 
+# Client telemetry (KIP-714): what each client instance last pushed, and the latency split.
+TELEMETRY_SPLIT_METRICS = (
+    ("queue", "kproxy_client_record_queue_seconds",
+     "Producer record queue time (average) the client last reported, per client instance"),
+    ("request", "kproxy_client_request_latency_seconds",
+     "Produce request latency (average) the client last reported, per client instance"),
+    ("broker", "kproxy_client_broker_latency_seconds",
+     "Produce latency kproxy measured for the same client (host, client_id) over the same push window"),
+)
+
+
+class _ClientTelemetryCollector:
+    """Read at scrape time from the harvest: a series per pushed data point of every tracked
+    client instance (their number is capped by the harvest; a client that terminates or goes
+    quiet takes its series with it), labelled by what kproxy knows of the client."""
+
+    def __init__(self, telemetry, client_id_label: bool, principal_label: bool):
+        self.telemetry = telemetry
+        self.joins = ["client_software_name", "client_software_version"]
+        self.joins += ["client_id"] if client_id_label else []
+        self.joins += ["principal"] if principal_label else []
+
+    def _labels(self, instance) -> list[str]:
+        software = instance.software
+        values = [software.name[:SOFTWARE_LABEL_MAX_CHARS] if software else UNKNOWN_SOFTWARE,
+                  software.version[:SOFTWARE_LABEL_MAX_CHARS] if software else UNKNOWN_SOFTWARE]
+        if "client_id" in self.joins:
+            values.append(instance.client_id or "")
+        if "principal" in self.joins:
+            values.append(instance.principal or ANONYMOUS)
+        return [instance.instance_id, *values]
+
+    def _families(self):
+        by = ["client_instance_id", *self.joins]
+        value = GaugeMetricFamily("kproxy_client_metric",
+                                  "The latest value of each metric a client pushed (KIP-714), by client "
+                                  "instance, metric name and the point's attributes (opt-in, capped)",
+                                  labels=[*by, "name", "attributes"])
+        splits = [GaugeMetricFamily(name, doc, labels=by) for _, name, doc in TELEMETRY_SPLIT_METRICS]
+        pushes = CounterMetricFamily("kproxy_client_telemetry_pushes",
+                                     "PushTelemetry requests relayed, by what kproxy did with them: "
+                                     "harvested, refused (by the broker), undecodable, over_cap "
+                                     "(more client instances than the label cap)", labels=["outcome"])
+        clients = GaugeMetricFamily("kproxy_client_telemetry_clients",
+                                    "Client instances whose pushed metrics kproxy exports now")
+        return value, splits, pushes, clients
+
+    def collect(self):
+        value, splits, pushes, clients = self._families()
+        instances = self.telemetry.instances()
+        for instance in instances:
+            labels = self._labels(instance)
+            for metric in list(instance.values.values()):
+                value.add_metric([*labels, metric.name, metric.attributes_text], metric.value)
+            split = instance.split
+            if split is not None:
+                for (part, _, _), family in zip(TELEMETRY_SPLIT_METRICS, splits):
+                    ms = getattr(split, part)
+                    if ms is not None:
+                        family.add_metric(labels, ms / 1000.0)
+        for outcome, count in self.telemetry.outcomes.items():
+            pushes.add_metric([outcome], count)
+        clients.add_metric([], len(instances))
+        yield value
+        yield from splits
+        yield pushes
+        yield clients
+
+    def describe(self):
+        value, splits, pushes, clients = self._families()
+        return [value, *splits, pushes, clients]
+
+
 class _InFlightCollector:
     """kproxy_requests_in_flight, read from the live connections at scrape time."""
 
@@ -1201,6 +1277,9 @@ MAX_MERGED_GAUGES = frozenset({
     "kproxy_capture_active",                # 1 while capturing: every worker captures, or none
     "kproxy_broker_listeners_unbound",      # every worker tries to bind the same ports
     "kproxy_group_members",                 # each worker sees a group's generation whole (or less)
+    # What a client instance last pushed: the same numbers on whichever worker carried its pushes.
+    "kproxy_client_metric", "kproxy_client_record_queue_seconds", "kproxy_client_request_latency_seconds",
+    "kproxy_client_broker_latency_seconds",
 })
 # Gauges where the lowest value across workers is the fact to alert on: each worker reloads
 # its certificate itself, and the one that still serves the oldest expires first.

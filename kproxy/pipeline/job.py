@@ -286,6 +286,7 @@ _PLAN = (
     ("anomalies", lambda p, b, o, r: T.anomalies(b["series"])),
     ("clients", lambda p, b, o, r: T.clients(p)),
     ("client_inventory", lambda p, b, o, r: T.client_inventory(p)),
+    ("latency_split", lambda p, b, o, r: T.latency_split(p)),
     ("upgrade_readiness", lambda p, b, o, r: T.upgrade_readiness(p, r)),
     ("topic_clients", lambda p, b, o, r: T.topic_clients(p)),
     ("topics", lambda p, b, o, r: T.topics(p, b["topic_clients"])),

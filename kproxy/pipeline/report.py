@@ -632,6 +632,7 @@ def _clients(data: _Data) -> str:
             Col("requests", "requests", _int, True), Col("API versions", "api_versions", _list, css="list"),
             Col("first seen", "first_seen", _when), Col("last seen", "last_seen", _when))
     parts.append(data.table("client_inventory", inventory, cols, "No connections: nothing to list."))
+    parts.append(_latency_split(data))
     parts.append(_upgrade(data))
     return _section("clients", "Clients",
                     "Who talks to the cluster, and how much? One row per client id and client "
@@ -655,6 +656,26 @@ def _instances(data: _Data) -> str:
                     "connections, clients, errors and latency. A sidecar whose p99 or error rate stands "
                     "out points at its broker; one with no rows was not capturing.",
                     data.table("instances", rows, cols, "None: the capture holds no pairs."))
+
+
+def _latency_split(data: _Data) -> str:
+    rows = data.rows("latency_split")
+    intro = ("<h3>Producer latency split (client telemetry)</h3>"
+             '<p class="question">Where does a producer\'s time go? The record queue time and request '
+             "latency each producer pushed (KIP-714 client metrics; averaged over its pushes), beside the "
+             "Produce latency kproxy measured for the same client id and address over the same windows: "
+             "<em>network</em> is request minus broker (the network and kproxy), <em>queue share</em> "
+             "the client's queue out of queue plus request.</p>")
+    cols = (Col("client instance", "client_instance_id", css="k"), Col("client", _client, css="name"),
+            Col("software", "client_software_name", css="k"), Col("pushes", "pushes", _int, True),
+            Col("queue", "queue_ms", _ms, True, "record queue time the client reported"),
+            Col("request", "request_ms", _ms, True, "request latency the client reported"),
+            Col("broker", "broker_ms", _ms, True, "Produce latency kproxy measured, same client and windows"),
+            Col("network", "network_ms", _ms, True, "request minus broker"),
+            Col("queue share", "queue_share", _share, True),
+            Col("Produce pairs", "produce_pairs", _int, True))
+    return intro + data.table("latency_split", rows, cols,
+                              "No producer pushed client metrics (KIP-714) in this capture.")
 
 
 def _software(row: dict) -> str:

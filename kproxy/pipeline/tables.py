@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from ..protocol import schema as kafka_schema
+from ..protocol.client_telemetry import NODE_REQUEST_LATENCY_AVG, RECORD_QUEUE_TIME_AVG, REQUEST_LATENCY_AVG
 
 PERCENTILE_ACCURACY = 10_000        # Spark's default; rank error <= n / 10,000
 # Anomalies: a window is compared with its own API's series. It stands out when it
@@ -201,6 +202,53 @@ def clients(pairs: DataFrame) -> DataFrame:
             .withColumn("records_produced", F.coalesce("records_produced", F.lit(0)))
             .withColumn("records_fetched", F.coalesce("records_fetched", F.lit(0)))
             .orderBy(F.desc("requests"), "client_id", "client_host"))
+
+
+def _pushed(name: str) -> F.Column:
+    """The mean of a pushed metric's data points (one, or one per node) in a PushTelemetry row."""
+    values = F.transform(F.filter("telemetry_metrics", lambda m: m["name"] == name), lambda m: m["value"])
+    return F.when(F.size(values) > 0, F.aggregate(values, F.lit(0.0), lambda a, v: a + v) / F.size(values))
+
+
+def latency_split(pairs: DataFrame) -> DataFrame:
+    """Per producer (client instance, KIP-714): where a Produce's time goes. The record queue
+    time and request latency the client pushed (ms, averaged over its pushes), beside the
+    Produce latency kproxy measured for the same client (client_id and address) within the
+    same windows (from one push to the next): ``network_ms`` (request minus broker) is the
+    network and kproxy, ``queue_share`` the client's queue out of queue plus request."""
+    request = F.coalesce(F.when(_pushed(REQUEST_LATENCY_AVG) > 0, _pushed(REQUEST_LATENCY_AVG)),
+                         _pushed(NODE_REQUEST_LATENCY_AVG))
+    by_instance = Window.partitionBy("client_instance_id").orderBy("time")
+    pushes = (pairs.filter((F.col("api_name") == "PushTelemetry") & ~F.col("has_error")
+                           & F.col("telemetry_metrics").isNotNull())
+              .select("client_instance_id", "client_id", "client_host", "client_software_name",
+                      "client_software_version", F.col("time").alias("push_time"),
+                      F.lag("time").over(by_instance).alias("window_start"),
+                      _pushed(RECORD_QUEUE_TIME_AVG).alias("queue_ms"), request.alias("request_ms"))
+              .filter(F.col("queue_ms").isNotNull()))
+    produced = (pairs.filter(F.col("api_name").isin(*PRODUCE_APIS) & F.col("latency_ms").isNotNull())
+                .select(F.col("client_id").alias("p_client_id"), F.col("client_host").alias("p_host"),
+                        F.col("time").alias("p_time"), "latency_ms"))
+    joined = pushes.join(produced, (F.col("p_client_id").eqNullSafe(F.col("client_id")))
+                         & (F.col("p_host") == F.col("client_host")) & F.col("window_start").isNotNull()
+                         & (F.col("p_time") > F.col("window_start")) & (F.col("p_time") <= F.col("push_time")),
+                         "left")
+    per_push = (joined.groupBy("client_instance_id", "push_time")
+                .agg(*(F.first(c).alias(c) for c in ("client_id", "client_host", "client_software_name",
+                                                    "client_software_version", "queue_ms", "request_ms")),
+                     F.sum("latency_ms").alias("broker_total_ms"), F.count("latency_ms").alias("produce_pairs")))
+    return (per_push.groupBy("client_instance_id")
+            .agg(F.first("client_id").alias("client_id"), F.first("client_host").alias("client_host"),
+                 F.max("client_software_name").alias("client_software_name"),
+                 F.max("client_software_version").alias("client_software_version"),
+                 F.count("*").alias("pushes"), F.avg("queue_ms").alias("queue_ms"),
+                 F.avg("request_ms").alias("request_ms"),
+                 (F.sum("broker_total_ms") / F.sum("produce_pairs")).alias("broker_ms"),
+                 F.sum("produce_pairs").alias("produce_pairs"),
+                 F.min("push_time").alias("first_push"), F.max("push_time").alias("last_push"))
+            .withColumn("network_ms", F.greatest(F.col("request_ms") - F.col("broker_ms"), F.lit(0.0)))
+            .withColumn("queue_share", F.col("queue_ms") / (F.col("queue_ms") + F.col("request_ms")))
+            .orderBy(F.desc("queue_ms"), "client_instance_id"))
 
 
 def per_connection(pairs: DataFrame) -> DataFrame:

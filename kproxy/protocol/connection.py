@@ -963,6 +963,24 @@ class Connection:
         self._raw_sasl_rounds = None
         return True
 
+    # ------------------------------------------------------------ requests kproxy answers itself
+
+    def client_head(self, count: int) -> bytes:
+        """The first ``count`` bytes (size prefix included) of the client's incomplete frame,
+        fewer if fewer arrived: enough to read its API key before any of it is forwarded."""
+        return self._client.buffered_bytes(0, count) if self._client.buffered else b""
+
+    def oldest_unanswered(self) -> RequestReceived | None:
+        return self._pending[0] if self._pending else None
+
+    def answer_locally(self, request: RequestReceived, frame: bytes) -> ResponseReceived:
+        """``request`` (the oldest unanswered, never forwarded) is answered with ``frame``
+        (without size prefix) by kproxy itself: its pair, as observers get it."""
+        if not self._pending or self._pending[0] is not request:
+            raise UnpairedResponse(f"a local answer to {request!r}, which is not the oldest unanswered")
+        self._pending.popleft()
+        return ResponseReceived(frame, request, self._clock())
+
     # ------------------------------------------------------------ broker side
 
     def receive_broker(self, data) -> list[Event]:

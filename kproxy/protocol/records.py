@@ -613,6 +613,17 @@ def _decompress(codec: int, payload: memoryview, limit: int, magic: int, where: 
         raise DecodeError(f"{where}: corrupt {CODEC_NAMES[codec]} payload ({exc})") from exc
 
 
+def decompress(codec: int, payload, limit: int) -> bytes:
+    """A payload compressed with one of Kafka's codecs (``CODEC_NAMES`` ids, as magic 2
+    batches use them; KIP-714 telemetry pushes name theirs the same way), inflated to at
+    most ``limit`` bytes. Raises DecodeError (DecompressionLimit past the limit)."""
+    if codec == 0:
+        if len(payload) > limit:
+            raise DecompressionLimit(f"payload of {len(payload)} bytes is over {limit}")
+        return bytes(payload)
+    return _decompress(codec, memoryview(payload), limit, 2, "payload")
+
+
 # --- magic 2 records --------------------------------------------------------
 
 

@@ -69,6 +69,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, Connection, Event,
                                    ProtocolViolation, ResponseReceived)
 from ..allocator import give_back_memory
+from .local_requests import ClientSplit, LocalAnswers, LocalRequest
 from .log_budget import LogBudget
 from .tls import certificate_subject
 from .unsent import UnsentAnswers
@@ -185,6 +186,8 @@ class RelayPolicy:
     upstream_ssl: Callable[[], ssl.SSLContext | None] | None = None
     upstream_check_hostname: bool = True
     unreachable_log: LogBudget = field(default_factory=lambda: unreachable_log_budget())
+    # Requests kproxy answers itself, never forwarded (local_requests.py); None: all are forwarded.
+    local: LocalAnswers | None = None
 
 
 def bodies_needed(observers: Iterable[Observer]) -> Callable[[], bool]:
@@ -659,6 +662,12 @@ class Relay:
     _unobserved: deque | None = field(default=None, repr=False)
     _request_deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
     budget: BufferBudget | None = None
+    # Requests kproxy answers itself (policy.local): the client's bytes split, what waits
+    # behind a local request for earlier answers, local pairs not yet observed.
+    split: ClientSplit | None = None
+    local: LocalAnswers | None = None
+    _backlog: deque | None = field(default=None, repr=False)
+    _answered: list = field(default_factory=list, repr=False)
 
     @property
     def in_flight(self) -> int:
@@ -732,7 +741,10 @@ class Relay:
                     self.client.transport.write(reply)
                 self.finish(str(exc))
                 return False
-        self.broker.transport.write(data)
+        if self.split is None:
+            self.broker.transport.write(data)
+        else:
+            self._to_broker(self.split.split(data, () if filled else events))
         self.bytes_from_client += len(data)
         self.last_active = time.monotonic()
         client = self.client
@@ -751,6 +763,8 @@ class Relay:
                 f"request not complete {REQUEST_DEADLINE_S:g}s after its first byte")
         if events:
             self._observe(events)
+        if self._answered:
+            self._observe_answered()
         return False
 
     @staticmethod
@@ -783,6 +797,42 @@ class Relay:
                 transport.set_write_buffer_limits(high=0, low=0)
             else:
                 unsent.drained(endpoint)
+
+    # ------------------------------------------------------------ requests kproxy answers
+
+    def _to_broker(self, pieces: list) -> None:
+        """Client bytes to the broker, local requests answered, in order: a local request
+        with earlier requests unanswered holds what follows it (``_backlog``) until they are."""
+        for piece in pieces:
+            if self._backlog is not None:
+                self._backlog.append(piece)
+            elif piece.__class__ is LocalRequest:
+                if self.tracker.oldest_unanswered() is not piece.event:
+                    self._backlog = deque([piece])
+                    self.client.pause("earlier answers first")
+                    continue
+                frame = self.local.answer(self.info, piece.event)
+                self._answered.append(self.tracker.answer_locally(piece.event, frame))
+                self.client.transport.write(len(frame).to_bytes(4, "big") + frame)
+                self.bytes_to_client += len(frame) + 4
+            elif len(piece):
+                self.broker.transport.write(piece)
+
+    def _release(self) -> None:
+        """Answers arrived: the local request waiting for them may be answered now."""
+        head = self._backlog[0]
+        if self.tracker.oldest_unanswered() is not head.event:
+            return
+        backlog, self._backlog = self._backlog, None
+        self.client.resume("earlier answers first")
+        self._to_broker(list(backlog))
+        broker = self.broker.transport
+        if self._backlog is None and self.client_done_sending and broker.can_write_eof():
+            broker.write_eof()                   # the client's half-close, held back with the backlog
+
+    def _observe_answered(self) -> None:
+        answered, self._answered = self._answered, []
+        self._observe(answered)
 
     def _from_broker(self, data: memoryview) -> bool:
         """Forward what of a read from the broker can go now; True when it only filled the
@@ -818,6 +868,10 @@ class Relay:
             self.client.resume("requests in flight")
         if events:
             self._observe(events)
+        if self._backlog is not None:
+            self._release()
+            if self._answered:
+                self._observe_answered()
         if self.client_done_sending and not tracker.in_flight:
             self.finish("client closed, its answers delivered")
         return False
@@ -872,7 +926,7 @@ class Relay:
             return False
         self.client_done_sending = True
         broker = self.broker.transport
-        if broker.can_write_eof():
+        if broker.can_write_eof() and self._backlog is None:    # else once the backlog is sent
             broker.write_eof()
         if not self.in_flight:
             self.finish("client closed")
@@ -976,6 +1030,8 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
                                keep_bodies=bodies_needed(policy.observers), assemble=assemble)
     # Those that take events (one with lifecycle hooks only says ``takes_events = False``).
     relay.observers = [o for o in policy.observers if getattr(o, "takes_events", True)]
+    if policy.local is not None:
+        relay.local, relay.split = policy.local, ClientSplit(policy.local)
     for endpoint in (client, broker):
         endpoint.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
     log.info("conn=%d open client=%s:%d%s listener=%s upstream=%s:%d",

@@ -66,6 +66,7 @@ from .own_requests import READINESS_TIMEOUT_S, OwnRequests
 from .proxy_protocol import HeaderGate, serve_proxied
 from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
+from . import telemetry_offer
 from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
                       rewrite_addresses, withhold_nodes)
 from .sni import BOOTSTRAP, certificate_covers
@@ -166,6 +167,11 @@ class Proxy:
     def __init__(self, config: Config, observers: Iterable[Observer] = ()):
         self.config = config
         self.observers: list[Observer] = [*observers, self._log_decode_failures, MisconfigurationLog()]
+        # Client telemetry offered by kproxy itself (telemetry_offer.py), when enabled.
+        self.telemetry_offer = (telemetry_offer.TelemetryAnswers(config.telemetry_offer)
+                                if config.telemetry_offer.enabled else None)
+        if self.telemetry_offer is not None:
+            self.observers.insert(0, self.telemetry_offer)
         # Asked for every answer. Clients use a few (API, version) pairs, but may send any.
         self.hold = functools.lru_cache(HOLD_ANSWERS_CACHED)(self._holds)
         # (version, answer after its correlation id) -> its rewritten rest, or None: unchanged
@@ -484,12 +490,12 @@ class Proxy:
     def _holds(self, api_key: int, api_version: int) -> bool:
         """Whether answers to this (API, version) are held for ``transform`` (``hold``, cached)."""
         return carries_addresses(api_key, api_version) or (
-            api_key == API_VERSIONS_KEY and self.config.cap_api_versions)
+            api_key == API_VERSIONS_KEY and (self.config.cap_api_versions or self.telemetry_offer is not None))
 
     def transform(self, event: ResponseReceived) -> bytes | None:
         """Rewrite addresses (and cap ApiVersions) in a held response; None keeps it as is."""
         api_key, version = event.api_key, event.api_version
-        if api_key == API_VERSIONS_KEY and self.config.cap_api_versions:
+        if api_key == API_VERSIONS_KEY and (self.config.cap_api_versions or self.telemetry_offer is not None):
             return self._capped_api_versions(event)
         return self._rewritten(event)
 
@@ -500,7 +506,10 @@ class Proxy:
         (``event.frame``), the first one included."""
         frame = event.frame
         version = event.api_version
-        key = (version, bytes(frame[CORRELATION_ID_BYTES:]))
+        offer = self.telemetry_offer
+        # With the telemetry offer, whether 71/72 are added depends on the client too.
+        key = (version, bytes(frame[CORRELATION_ID_BYTES:]),
+               None if offer is None else telemetry_offer.denied(telemetry_offer.software_of(event.request_event)))
         rest = self._api_versions_answers.get(key, _UNCACHED)
         if rest is _UNCACHED:
             rest = None
@@ -508,7 +517,10 @@ class Proxy:
                 response = decode_response(frame, API_VERSIONS_KEY, version)
             except DecodeError:
                 response = None              # not capped, as a failed decode never was
-            if response is not None and cap_api_versions(response):
+            changed = response is not None and self.config.cap_api_versions and cap_api_versions(response)
+            if response is not None and offer is not None:
+                changed = offer.add_to(event, response) or changed
+            if changed:
                 try:
                     rest = bytes(encode_response(response, API_VERSIONS_KEY, version)[CORRELATION_ID_BYTES:])
                 except (ValueError, TypeError, OverflowError) as exc:
@@ -565,6 +577,7 @@ class Proxy:
         return RelayPolicy(
             name=name, node_id=node_id, upstreams=upstreams, observers=self.observers,
             hold=self.hold, transform=self.transform, max_frame_size=c.max_frame_size,
+            local=self.telemetry_offer,
             connect_timeout=c.connect_timeout, upstream_ssl=self._upstream_ssl if c.tls_client else None,
             upstream_check_hostname=c.tls_client.check_hostname if c.tls_client else True,
             unreachable_log=self._unreachable_log)

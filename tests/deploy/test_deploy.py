@@ -32,6 +32,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from kproxy import config as kconfig
 from kproxy.observers.metrics import CLOSE_REASONS, SNI_REFUSAL_REASONS, Metrics, SupervisorMetrics
+from kproxy.observers.telemetry import ClientTelemetry
 from kproxy.protocol.tls_failures import HANDSHAKE_FAILURES
 from kproxy.protocol import schema
 from kproxy.runtime import Runtime      # imported before run_kproxy() stubs it out
@@ -432,7 +433,7 @@ LITERAL_ALTERNATION = re.compile(r"[A-Za-z0-9_]+(?:\|[A-Za-z0-9_]+)*")
 def exporters() -> list:
     """What kproxy exports from: every process's ``Metrics``, and the supervisor's own
     series (``kproxy run --workers N``, added to its workers' merged exposition)."""
-    return [Metrics(), SupervisorMetrics(2)]
+    return [Metrics(telemetry=ClientTelemetry(1)), SupervisorMetrics(2)]
 
 
 @cache
@@ -1192,7 +1193,7 @@ def test_every_metric_the_dashboard_and_alerts_use_is_served_by_a_running_kproxy
     for rule in alert_rules():
         used |= set(METRIC_NAME.findall(rule["expr"]))
     assert len(used) >= 20
-    with ProxyThread(upstream="127.0.0.1:1", broker_port_base=40000) as proxy:
+    with ProxyThread(upstream="127.0.0.1:1", broker_port_base=40000, client_telemetry=True) as proxy:
         with urllib.request.urlopen(proxy.admin_url + "/metrics", timeout=10) as r:
             exposition = r.read().decode()
     # The supervisor of `kproxy run --workers N` serves its workers' merged exposition plus

@@ -112,8 +112,8 @@ def test_one_row_per_pair_in_jsonl_and_parquet(capture, tmp_path):
     assert table.schema.equals(SCHEMA, check_metadata=False)
     assert table.schema.field("time").type == pa.timestamp("us", tz="UTC")
     meta = pq.read_metadata(files(tmp_path, "parquet")[0]).metadata
-    assert meta[b"kproxy.capture.schema_version"] == b"3"
-    assert set(table.column("capture_version").to_pylist()) == {3} and {r["capture_version"] for r in rows} == {3}
+    assert meta[b"kproxy.capture.schema_version"] == b"4"
+    assert set(table.column("capture_version").to_pylist()) == {4} and {r["capture_version"] for r in rows} == {4}
     assert pq.ParquetFile(files(tmp_path, "parquet")[0]).metadata.row_group(0).column(0).compression == "ZSTD"
     prow = {r["correlation_id"]: r for r in table.to_pylist()}[3]
     assert prow["errors"] == ["NOT_LEADER_OR_FOLLOWER"] and prow["record_count"] == 7

@@ -12,7 +12,7 @@ import pytest
 from kproxy.observers.capture import SCHEMA_VERSION, Capture, CaptureConfig
 from kproxy.observers.capture.parquet import SCHEMA
 from kproxy.pipeline.source import InputError, check_file, load_capture
-from tests.observers.captures import (V2_COLUMNS, V3_COLUMNS, Link, produce_request, produce_response, sasl_plain,
+from tests.observers.captures import (V2_COLUMNS, V3_COLUMNS, V4_COLUMNS, Link, produce_request, produce_response, sasl_plain,
                                       v1_rows)
 
 
@@ -28,8 +28,8 @@ def write_old(directory, version: int, columns_left_out: list[str], seq: int):
 
 
 def test_versions_1_2_and_3_read_together(spark, tmp_path):
-    write_old(tmp_path, 1, V2_COLUMNS + V3_COLUMNS, 1)
-    write_old(tmp_path, 2, V3_COLUMNS, 2)
+    write_old(tmp_path, 1, V2_COLUMNS + V3_COLUMNS + V4_COLUMNS, 1)
+    write_old(tmp_path, 2, V3_COLUMNS + V4_COLUMNS, 2)
     capture = Capture()
     capture.start(CaptureConfig(directory=str(tmp_path), formats=("parquet",)))
     link = Link(capture, conn_id=300)
@@ -49,4 +49,4 @@ def test_a_newer_version_is_refused_with_one_line(tmp_path):
     path.write_text(json.dumps({"capture_version": SCHEMA_VERSION + 1}) + "\n")
     with pytest.raises(InputError, match=f"reads up to {SCHEMA_VERSION}"):
         check_file(str(path), "jsonl")
-    assert check_file(str(write_old(tmp_path, 2, V3_COLUMNS, 2)), "parquet") == 3
+    assert check_file(str(write_old(tmp_path, 2, V3_COLUMNS + V4_COLUMNS, 2)), "parquet") == 3

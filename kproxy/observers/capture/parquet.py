@@ -1,6 +1,6 @@
 """Parquet capture: the summary columns of every request/response pair, zstd, in row groups.
 
-Schema version 3 (``SCHEMA_VERSION``; also in each file's key-value metadata
+Schema version 4 (``SCHEMA_VERSION``; also in each file's key-value metadata
 as ``kproxy.capture.schema_version`` and in the ``capture_version`` column).
 Bodies are not stored (use JSONL for those). Timestamps are microseconds,
 UTC (Spark rejects nanoseconds). A new schema version only ever adds
@@ -53,6 +53,10 @@ member_id                string, null (v2)                 the member the broker
 generation               int32, null (v2)                  generation / KIP-848 member epoch
 principal                string, null (v3)                 the SASL PLAIN/SCRAM user the broker accepted,
                                                            else the verified client certificate's subject
+client_instance_id       string, null (v4)                 KIP-714 telemetry pairs: the client instance
+telemetry_metrics        list<struct<name: string,         PushTelemetry: the data points pushed
+                         attributes: string,
+                         value: float64>>, null (v4)
 =======================  ================================  ===============================================
 """
 
@@ -70,6 +74,9 @@ COMPRESSION = "zstd"
 
 _TOPIC_RECORDS = pa.struct([("topic", pa.string()), ("record_count", pa.int64()),
                             ("record_bytes", pa.int64())])
+
+_TELEMETRY_METRIC = pa.struct([("name", pa.string()), ("attributes", pa.string()),
+                               ("value", pa.float64())])
 
 SCHEMA = pa.schema([
     ("capture_version", pa.int16()),
@@ -111,12 +118,15 @@ SCHEMA = pa.schema([
     ("generation", pa.int32()),
     # version 3
     ("principal", pa.string()),
+    # version 4
+    ("client_instance_id", pa.string()),
+    ("telemetry_metrics", pa.list_(_TELEMETRY_METRIC)),
 ], metadata={b"kproxy.capture.schema_version": str(SCHEMA_VERSION).encode()})
 
 COLUMNS = tuple(SCHEMA.names)
 _STRING_COLUMNS = ("client_host", "listener", "upstream_host", "client_id", "api_name", "outcome",
                    "decode_error", "proxy_instance", "client_software_name", "client_software_version",
-                   "group_id", "member_id", "principal")
+                   "group_id", "member_id", "principal", "client_instance_id")
 
 
 def _text(value):

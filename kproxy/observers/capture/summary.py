@@ -18,13 +18,14 @@ from typing import Any
 
 from ...protocol import DecodeError, Struct, error_name, schema
 from ...protocol.client_software import ClientSoftware
+from ...protocol.client_telemetry import TELEMETRY_KEYS, PUSH_TELEMETRY_KEY, decode_push
 from ...protocol.pair_fields import (API_VERSIONS, PAIR_COLUMNS, PAIR_FIELDS,  # noqa: F401 (re-exported)
                                      pair_fields)
 from ...protocol.records import iter_batches
 from .filters import header_client_id
 from .redact import inflate, to_json
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Topic ids remembered from Metadata (and the like) to name topics in Fetch v13+ etc.
 MAX_TOPIC_IDS = 100_000
 
@@ -194,6 +195,25 @@ def _records(blob, facts: Facts, topic: str) -> None:
 
 # ---------------------------------------------------------------- rows
 
+def _telemetry(api_key: int, request_body, response_body) -> tuple[str | None, list | None]:
+    """(client instance id, pushed data points) of a GetTelemetrySubscriptions or
+    PushTelemetry pair: the id the answer assigned (else the request's), and a push's
+    metrics decoded (None if they do not decode; the pair is still recorded)."""
+    if api_key not in TELEMETRY_KEYS or not isinstance(request_body, Struct):
+        return None, None
+    instance = request_body.client_instance_id
+    if isinstance(response_body, Struct) and "client_instance_id" in response_body.__dict__:
+        instance = response_body.client_instance_id
+    if api_key != PUSH_TELEMETRY_KEY:
+        return str(instance), None
+    try:
+        push = decode_push(request_body.compression_type, request_body.metrics)
+    except DecodeError:
+        return str(instance), None
+    return str(instance), [{"name": m.name, "attributes": m.attributes_text, "value": m.value}
+                           for m in push.metrics]
+
+
 def fill_client_software(row: dict, software: ClientSoftware | None) -> None:
     """A row's client software columns: its connection's software as of that pair
     (``client_software.software_named``: the latest ApiVersions v3+ the broker accepted)."""
@@ -273,6 +293,8 @@ def build_row(info, request, response, outcome: str, wall_offset: float,
     row.update(pair_fields(request.api_key, req_body, resp_body))
     # schema version 3: the client certificate's subject; a SASL user replaces it (the writer's job)
     row["principal"] = getattr(info, "principal", None)
+    # schema version 4: client telemetry (KIP-714)
+    row["client_instance_id"], row["telemetry_metrics"] = _telemetry(request.api_key, req_body, resp_body)
     if bodies:
         row["request"] = to_json(req_body, include_record_data) if req_body is not None else None
         row["response"] = to_json(resp_body, include_record_data) if resp_body is not None else None

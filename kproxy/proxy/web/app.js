@@ -344,6 +344,13 @@ async function refreshOverview() {
         [c.address], [c.client_id ?? "–"], [c.software_name ?? "unknown"], [c.software_version ?? "–"],
         [c.open, "num"],
         [Object.entries(c.apis).map(([api, v]) => `${api} ${v.join("/")}`).join(", "), "wrap"]]);
+      const ms = (v) => [v == null ? "–" : v.toFixed(2), "num"];
+      fillTable($("#telemetry tbody"), o.client_telemetry || [], (c) => {
+        const split = c.latency_split_ms || {};
+        return [[c.client_instance_id], [c.client_id ?? "–"], [c.address],
+          [`${c.software_name ?? "unknown"} ${c.software_version ?? ""}`], [c.pushes, "num"], [c.metrics, "num"],
+          ms(split.queue), ms(split.request), ms(split.broker), ms(split.network)];
+      });
     } catch (e) { /* refused or down: the state pill says so */ }
   }
   setTimeout(refreshOverview, OVERVIEW_EVERY_MS);
