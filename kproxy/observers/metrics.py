@@ -37,8 +37,7 @@ from prometheus_client.utils import floatToGoString
 
 from .. import __version__
 from ..protocol import API_KEYS, SCHEMA_SOURCES, OpaqueBody, api_name, error_name, is_removed, schema
-from ..protocol.connection import (WRONG_PROTOCOLS, MalformedFrame, RequestReceived,
-                                   ResponseReceived, SaslTokenPassed)
+from ..protocol.connection import MalformedFrame, RequestReceived, ResponseReceived, SaslTokenPassed
 from ..protocol.client_software import software_named
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, count_batches
@@ -46,6 +45,7 @@ from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrinc
 from ..protocol.walk import error_codes, error_walker
 from ..protocol.tls_failures import HANDSHAKE_FAILURES
 from ..protocol.proxy_header import REFUSAL_REASONS as PROXY_HEADER_REFUSALS
+from .contract import CloseCause, CloseKind
 
 # Request-to-response time: sub-millisecond local answers up to Fetch/JoinGroup waits.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -110,23 +110,7 @@ GROUP_RESPONSE_KEYS = GENERATION_APIS | {LEAVE_GROUP_KEY}
 REJOIN_ERRORS = ("REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION",
                  "FENCED_MEMBER_EPOCH")
 REJOIN_ERROR_CODES = frozenset(code for code, name in schema.ERROR_NAMES.items() if name in REJOIN_ERRORS)
-CLOSE_REASONS = ("client_closed", "broker_closed", "frame_too_large", "rewrite_failed",
-                 "idle_timeout", "shutdown", "socket_error", "upstream_unreachable",
-                 "max_connections", "fd_limit", "request_deadline", "untrackable_request", "unpaired_response",
-                 *WRONG_PROTOCOLS, "proxy_protocol", "other")
-# Connections refused for their PROXY protocol header (or its absence): closed with this
-# reason; kproxy_proxy_protocol_refused_total says which refusal.
-PROXY_PROTOCOL_CLOSE_REASON = "proxy_protocol"
-# Misconfigurations are told apart first: their messages name the mistake, not a frame size.
-_CLOSE_NEEDLES = tuple((phrase.lower(), cause) for cause, phrase in WRONG_PROTOCOLS.items()) + (
-    ("client closed", "client_closed"), ("broker closed", "broker_closed"),
-    ("frame of", "frame_too_large"), ("rewrite failed", "rewrite_failed"),
-    ("idle", "idle_timeout"), ("shutting down", "shutdown"),
-    ("unreachable", "upstream_unreachable"),
-    ("max_connections", "max_connections"), ("open file limit", "fd_limit"),
-    ("socket error", "socket_error"),
-    ("request not complete", "request_deadline"), ("cannot tell whether", "untrackable_request"),
-    ("broker response with correlation id", "unpaired_response"))
+CLOSE_REASONS = tuple(kind.label for kind in CloseKind)
 
 
 # Why a broker listener could not be bound (errno -> reason label; anything else is "other").
@@ -144,15 +128,6 @@ TLS_RELOAD_OUTCOMES = ("success", "failure")
 # sidecar) another node's name, or (a gateway) a broker name of a node the cluster does not
 # have: one label for all such nodes, so names a client makes up cannot grow /metrics.
 SNI_REFUSAL_REASONS = ("unknown_name", "no_name", "other_node", "unknown_node")
-
-
-def close_reason_label(reason: str) -> str:
-    """Fold a free-text close reason into the fixed set (bounded label values)."""
-    text = reason.lower()
-    for needle, label in _CLOSE_NEEDLES:
-        if needle in text:
-            return label
-    return "other"
 
 
 class BoundedLabel:
@@ -845,19 +820,19 @@ class Metrics:
         self._conn_software[info.id] = (UNKNOWN_SOFTWARE, self._unknown_software)
         self._unknown_software.inc()
 
-    def connection_closed(self, info, reason: str = "", in_flight: int = 0) -> None:
+    def connection_closed(self, info, reason: CloseCause, in_flight: int = 0) -> None:
         self.connections_open.labels(info.listener).dec()
         software = self._conn_software.pop(info.id, None)
         if software is not None:
             software[1].dec()
         self._fetch_positions.pop(info.id, None)
         self._principals.pop(info.id, None)
-        self.connections_closed.labels(info.listener, close_reason_label(reason)).inc()
+        self.connections_closed.labels(info.listener, reason.label).inc()
 
-    def connection_refused(self, listener: str, reason: str) -> None:
+    def connection_refused(self, listener: str, reason: CloseCause) -> None:
         """Accepted, then closed before it was proxied (upstream unreachable, limits, shutdown)."""
         self.connections_opened.labels(listener).inc()
-        self.connections_closed.labels(listener, close_reason_label(reason)).inc()
+        self.connections_closed.labels(listener, reason.label).inc()
 
     def tls_handshake_failed(self, cause: str) -> None:
         self.tls_handshake_failures.labels(cause if cause in HANDSHAKE_FAILURES else "other").inc()
@@ -872,7 +847,7 @@ class Metrics:
         """A PROXY protocol listener closed a connection for its header (or the lack of one)."""
         self.proxy_header_refusals.labels(reason if reason in PROXY_HEADER_REFUSALS else "malformed").inc()
         self.connections_opened.labels(listener).inc()
-        self.connections_closed.labels(listener, PROXY_PROTOCOL_CLOSE_REASON).inc()
+        self.connections_closed.labels(listener, CloseKind.PROXY_PROTOCOL.label).inc()
     def tls_certificate_loaded(self, side: str, not_after: float | None) -> None:
         for outcome in TLS_RELOAD_OUTCOMES:
             self.tls_reloads.labels(side, outcome)

@@ -66,6 +66,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, Connection, Event,
                                    ProtocolViolation, ResponseReceived)
 from ..allocator import give_back_memory
+from ..observers.contract import (BROKER_CLOSED, CANCELLED, CLIENT_CLOSED, CLIENT_DONE, UPSTREAM_UNREACHABLE,
+                                  CloseCause, CloseKind, Hook)
 from .log_budget import LogBudget
 from .tls import certificate_subject
 
@@ -378,7 +380,8 @@ class Endpoint(asyncio.BufferedProtocol):
         self.lost = True
         self._room = None
         if self.relay is not None:
-            self.relay.finish(f"socket error: {exc}" if exc else f"{self.side} closed")
+            self.relay.finish(CloseCause(CloseKind.SOCKET_ERROR, f"socket error: {exc}") if exc
+                              else CLIENT_CLOSED if self.side == "client" else BROKER_CLOSED)
 
     def pause_writing(self) -> None:
         if self.peer is not None:
@@ -624,7 +627,7 @@ class Relay:
     bytes_from_broker: int = 0
     bytes_to_client: int = 0           # differs from bytes_from_broker where responses were rewritten
     client_done_sending: bool = False  # the client half-closed: deliver what is in flight, then close
-    close_reason: str | None = None
+    close_reason: CloseCause | None = None
     client: Endpoint | None = None
     broker: Endpoint | None = None
     observers: list = field(default_factory=list)
@@ -643,13 +646,13 @@ class Relay:
         if self.client is not None:
             self.client.pause("shutting down")
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: CloseCause) -> None:
         """Close both sockets now (idle timeout, shutdown, limits)."""
         self.finish(reason)
         if self.done is None and self.task is not None:
             self.task.cancel()                   # still connecting upstream
 
-    def finish(self, reason: str) -> None:
+    def finish(self, reason: CloseCause) -> None:
         """The one place a connection ends: keep the first reason, close both sockets
         (gracefully: bytes already written are still sent), wake ``run_relay``."""
         if self.close_reason is None:
@@ -687,7 +690,7 @@ class Relay:
                     self.budget.reserve(endpoint, reserved)
         except Exception as exc:                 # noqa: BLE001 - a bug must close one connection, not the loop
             log.exception("conn=%d relaying failed", self.info.id if self.info else 0)
-            self.finish(f"internal error: {type(exc).__name__}: {exc}")
+            self.finish(CloseCause(CloseKind.OTHER, f"internal error: {type(exc).__name__}: {exc}"))
 
     def _from_client(self, data: memoryview) -> bool:
         """Forward a read from the client; True when it only filled the large request being
@@ -704,7 +707,7 @@ class Relay:
                 reply = getattr(exc, "reply", b"")      # e.g. a TLS alert: tell the client why
                 if reply:
                     self.client.transport.write(reply)
-                self.finish(str(exc))
+                self.finish(CloseCause.of_violation(exc))
                 return False
         self.broker.transport.write(data)
         self.bytes_from_client += len(data)
@@ -721,8 +724,8 @@ class Relay:
             self._request_deadline = None
         if partial and self._request_deadline is None:
             self._request_deadline = asyncio.get_running_loop().call_later(
-                REQUEST_DEADLINE_S, self.finish,
-                f"request not complete {REQUEST_DEADLINE_S:g}s after its first byte")
+                REQUEST_DEADLINE_S, self.finish, CloseCause(
+                    CloseKind.REQUEST_DEADLINE, f"request not complete {REQUEST_DEADLINE_S:g}s after its first byte"))
         if events:
             self._observe(events)
         return False
@@ -738,10 +741,11 @@ class Relay:
         try:
             events, out = tracker.relay_broker(data)
         except ProtocolViolation as exc:
-            self.finish(str(exc))
+            self.finish(CloseCause.of_violation(exc))
             return False
         except RewriteFailed as exc:
-            self.finish(f"rewrite failed, closing rather than leak an address: {exc}")
+            self.finish(CloseCause(CloseKind.REWRITE_FAILED,
+                                   f"rewrite failed, closing rather than leak an address: {exc}"))
             return False
         # A read that brought many answers is followed by small ones, until one brings few:
         # each answer costs work (pairing, maybe rewriting), and one read must not take the
@@ -760,7 +764,7 @@ class Relay:
         if events:
             self._observe(events)
         if self.client_done_sending and not tracker.in_flight:
-            self.finish("client closed, its answers delivered")
+            self.finish(CLIENT_DONE)
         return False
 
     def _observe(self, events: list) -> None:
@@ -806,17 +810,17 @@ class Relay:
         if self.close_reason is not None:
             return False
         if endpoint is self.broker:
-            self.finish("broker closed")
+            self.finish(BROKER_CLOSED)
             return False
         if not half_close:
-            self.finish("client closed")
+            self.finish(CLIENT_CLOSED)
             return False
         self.client_done_sending = True
         broker = self.broker.transport
         if broker.can_write_eof():
             broker.write_eof()
         if not self.in_flight:
-            self.finish("client closed")
+            self.finish(CLIENT_CLOSED)
             return False
         return True                              # answers still come
 
@@ -824,9 +828,9 @@ class Relay:
 _failed_observers: set[int] = set()
 
 
-def notify_hook(observers: list, hook: str, *args, **kwargs) -> None:
-    """Call an optional lifecycle hook (``connection_opened``, ``connection_closed``,
-    ``connection_refused``) on every observer that has it; failures isolated like events."""
+def notify_hook(observers: list, hook: Hook, *args, **kwargs) -> None:
+    """Call an optional lifecycle hook (see ``Hook``) on every observer that has it;
+    failures isolated like events."""
     for observer in observers:
         method = getattr(observer, hook, None)
         if method is None:
@@ -884,14 +888,14 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
                         "(the same again within %gs is not logged%s)", *peer, policy.name, exc,
                         policy.unreachable_log.interval,
                         f"; {unlogged} earlier refusals were not logged" if unlogged else "")
-        notify_hook(policy.observers, "connection_refused", policy.name, "upstream unreachable")
+        notify_hook(policy.observers, Hook.CONNECTION_REFUSED, policy.name, UPSTREAM_UNREACHABLE)
         client.close()
         return
     except asyncio.CancelledError:
         # Closed (shutdown, idle) while still connecting. End normally: a connection
         # handler that ends cancelled makes asyncio log a traceback as an error.
         log.info("conn client=%s:%d listener=%s closed while connecting upstream: %s",
-                 *peer, policy.name, relay.close_reason or "cancelled")
+                 *peer, policy.name, relay.close_reason or CANCELLED)
         client.close()
         return
     relay.broker = broker
@@ -921,23 +925,23 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
         endpoint.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
     log.info("conn=%d open client=%s:%d%s listener=%s upstream=%s:%d",
              relay.info.id, *peer, "" if via is None else f" via={via[0]}:{via[1]}", policy.name, *upstream)
-    notify_hook(policy.observers, "connection_opened", relay.info)
+    notify_hook(policy.observers, Hook.CONNECTION_OPENED, relay.info)
     relay.done = asyncio.get_running_loop().create_future()
     broker.link(relay, client)
     client.link(relay, broker)
     try:
         await relay.done
     except asyncio.CancelledError:
-        relay.finish("cancelled")
+        relay.finish(CANCELLED)
     finally:
-        relay.finish("cancelled")                # a no-op unless something above raised
+        relay.finish(CANCELLED)                # a no-op unless something above raised
         relay.observe_the_rest()
         reason = relay.close_reason
         log.info("conn=%d close client=%s:%d reason=%s bytes_client_to_broker=%d "
                  "bytes_broker_to_client=%d bytes_to_client=%d in_flight=%d",
                  relay.info.id, *peer, reason, relay.bytes_from_client,
                  relay.bytes_from_broker, relay.bytes_to_client, relay.in_flight)
-        notify_hook(policy.observers, "connection_closed", relay.info, reason=reason,
+        notify_hook(policy.observers, Hook.CONNECTION_CLOSED, relay.info, reason=reason,
                     in_flight=relay.in_flight)
         # The relay and its endpoints refer to each other: without this the frames its
         # tracker holds would wait for a full garbage collection (2,000 closed

@@ -59,7 +59,8 @@ from typing import Iterable
 
 from ..config import Config
 from ..protocol import DecodeError, decode_response, encode_response
-from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseReceived
+from ..observers.contract import SHUTTING_DOWN, CloseCause, CloseKind, Hook
+from ..protocol.connection import RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
 from .own_requests import READINESS_TIMEOUT_S, OwnRequests
@@ -421,7 +422,7 @@ class Proxy:
 
     def _refuse_name(self, server_name: str | None, reason: str, said: str) -> None:
         """Count and log (within a budget) a server name SNI routing refuses."""
-        notify_hook(self.observers, "sni_refused", reason)
+        notify_hook(self.observers, Hook.SNI_REFUSED, reason)
         unlogged = self._sni_log.admit(server_name)
         if unlogged is not None:
             log.warning("refusing a TLS connection: %s (the same again within %gs is not logged%s; "
@@ -579,7 +580,7 @@ class Proxy:
                 client.close()
                 return
             if self.stopping:                # accepted just before the listener closed
-                notify_hook(self.observers, "connection_refused", policy.name, "shutting down")
+                notify_hook(self.observers, Hook.CONNECTION_REFUSED, policy.name, SHUTTING_DOWN)
                 client.close()
                 return
             limit = self._connection_limit()
@@ -591,7 +592,7 @@ class Proxy:
                     log.warning("refusing connection from %s on %s: %s (the same again within %gs "
                                 "is not logged%s)", peer, policy.name, limit, REFUSAL_LOG_INTERVAL_S,
                                 f"; {unlogged} earlier refusals were not logged" if unlogged else "")
-                notify_hook(self.observers, "connection_refused", policy.name, limit)
+                notify_hook(self.observers, Hook.CONNECTION_REFUSED, policy.name, limit)
                 client.close()
                 return
             relay = Relay(task=asyncio.current_task())
@@ -681,7 +682,7 @@ class Proxy:
 
     def _bind_failed(self, node_id: int, address: HostPort, exc: OSError) -> None:
         """Count every failure, log each cause once per episode, keep one retry task."""
-        notify_hook(self.observers, "listener_bind_failed", f"broker-{node_id}", exc)
+        notify_hook(self.observers, Hook.LISTENER_BIND_FAILED, f"broker-{node_id}", exc)
         entry = self.unbound.get(node_id)
         if entry is None:
             entry = self.unbound[node_id] = UnboundListener(node_id, address, exc)
@@ -757,15 +758,16 @@ class Proxy:
 
     # ------------------------------------------------------------ lifecycle
 
-    def _connection_limit(self) -> str | None:
+    def _connection_limit(self) -> CloseCause | None:
         """Why one more connection cannot be taken now, if it cannot (those still sending
         a PROXY protocol header count too: each holds a socket)."""
         taken = len(self.relays) + (len(self._header_gate.pending) if self._header_gate is not None else 0)
         if taken >= self.config.max_connections:
-            return f"max_connections ({self.config.max_connections}) reached"
+            return CloseCause(CloseKind.MAX_CONNECTIONS, f"max_connections ({self.config.max_connections}) reached")
         if self._fd_connections is not None and taken >= self._fd_connections:
-            return (f"the open file limit ({self._fd_limit}) leaves room for {self._fd_connections} "
-                    f"proxied connections (two sockets each); raise it (ulimit -n, LimitNOFILE)")
+            return CloseCause(CloseKind.FD_LIMIT, (
+                f"the open file limit ({self._fd_limit}) leaves room for {self._fd_connections} "
+                f"proxied connections (two sockets each); raise it (ulimit -n, LimitNOFILE)"))
         return None
 
     def _plan_file_descriptors(self) -> None:
@@ -833,7 +835,7 @@ class Proxy:
             now = time.monotonic()
             for relay in list(self.relays):
                 if now - relay.last_active > timeout and relay.in_flight == 0:
-                    relay.close(f"idle for more than {timeout:g}s")
+                    relay.close(CloseCause(CloseKind.IDLE_TIMEOUT, f"idle for more than {timeout:g}s"))
 
     async def stop(self) -> None:
         """Stop accepting and taking new requests; close each connection once its in-flight
@@ -855,10 +857,10 @@ class Proxy:
         while self.relays and time.monotonic() < deadline:
             for relay in list(self.relays):
                 if relay.in_flight == 0:
-                    relay.close("shutting down")
+                    relay.close(SHUTTING_DOWN)
             await asyncio.sleep(SHUTDOWN_POLL_S)
         for relay in list(self.relays):
-            relay.close("shutting down")
+            relay.close(SHUTTING_DOWN)
         if self._reaper is not None:
             self._reaper.cancel()
         for task in self._tls_watches:
@@ -881,7 +883,7 @@ class Proxy:
         """A client's TLS handshake failed (before any handler: no address is known here)."""
         if getattr(error, "reason", None) == SNI_CALLBACK_REFUSAL:
             return                                  # refused by SNI routing, said there
-        notify_hook(self.observers, "tls_handshake_failed", cause)
+        notify_hook(self.observers, Hook.TLS_HANDSHAKE_FAILED, cause)
         unlogged = self._tls_log.admit(cause)
         if unlogged is not None:
             log.warning("TLS handshake with a client failed: %s (%s)%s", HANDSHAKE_FAILURES[cause],
@@ -920,11 +922,10 @@ class MisconfigurationLog:
     def __init__(self, clock=time.monotonic):
         self.budget = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL, clock)
 
-    def connection_closed(self, info, reason: str = "", in_flight: int = 0) -> None:
-        cause = next((c for c, phrase in WRONG_PROTOCOLS.items() if reason.startswith(phrase)), None)
-        if cause is None:
+    def connection_closed(self, info, reason: CloseCause, in_flight: int = 0) -> None:
+        if not reason.kind.misconfiguration:
             return
-        unlogged = self.budget.admit((cause, info.client[0]))
+        unlogged = self.budget.admit((reason.kind, info.client[0]))
         if unlogged is not None:
             log.warning("%s:%d on %s: %s%s", *info.client, info.listener, reason,
                         f" ({unlogged} earlier misconfigured connections were not logged)" if unlogged else "")

@@ -1,6 +1,7 @@
 """The relay's buffers: the shared read arena never overwrites what anyone can see; the
 buffer budget pauses holders of incomplete frames but always lets one proceed."""
 
+from kproxy.observers.contract import SHUTTING_DOWN
 from kproxy.proxy.relay import IN_PLACE_MIN_SHARE, MIN_READ_ROOM, PIPELINED_READ_BYTES, READ_CHUNK, ReadArena
 
 
@@ -236,7 +237,7 @@ def _relayed(monkeypatch, scenario, observers=()) -> None:
         try:
             await scenario(relay, client, broker)
         finally:
-            relay.close("done")
+            relay.close(SHUTTING_DOWN)
             await asyncio.sleep(0)
             task.cancel()
 
