@@ -21,6 +21,7 @@ from .protocol.connection import DEFAULT_MAX_FRAME_SIZE
 
 if TYPE_CHECKING:
     from .observers.audit import AuditConfig
+    from .observers.capture import CaptureConfig
 
 HostPort = tuple[str, int]
 
@@ -184,7 +185,7 @@ class Config:
     metrics_label_cap: int = DEFAULT_METRICS_LABEL_CAP
     # Capture settings (directory, formats, filters, rotation; see README "Traffic capture"):
     # defaults for captures started through the admin listener, and for capture_autostart.
-    capture: Mapping[str, Any] | None = None
+    capture: CaptureConfig | None = None
     capture_autostart: bool = False
     # This kproxy's name in capture rows (proxy_instance), so captures merged from many
     # sidecars stay apart; the host name (a pod's name in Kubernetes) unless set.
@@ -349,9 +350,8 @@ def _tls(key: str, value: Any, cls: type) -> Any:
     return tls
 
 
-def _capture(value: Any) -> dict[str, Any]:
-    """Validate a capture table with the capture module's own rules (it names the bad key)."""
-    from .observers.capture import CaptureConfig
+def _capture(value: Any) -> Mapping[str, Any]:
+    """The capture table (or JSON object from KPROXY_CAPTURE); ``_capture_root`` parses it."""
     if isinstance(value, str):                   # KPROXY_CAPTURE='{"directory": "/var/kproxy"}'
         import json
         try:
@@ -360,17 +360,22 @@ def _capture(value: Any) -> dict[str, Any]:
             raise ConfigError(f"capture: expected a JSON object ({exc})") from None
     if not isinstance(value, Mapping):
         raise ConfigError("capture: expected a table of settings")
+    return value
+
+
+def _parse_capture(table: Mapping[str, Any]) -> CaptureConfig:
+    """The capture table, parsed by the capture module's own rules (it names the bad key)."""
+    from .observers.capture import CaptureConfig
     try:
-        CaptureConfig.from_dict({"directory": "checked-with-capture_root", **value})
+        return CaptureConfig.from_dict(table)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return dict(value)
 
 
 def _capture_root(values: dict[str, Any]) -> None:
-    """Resolve capture_root once (default: the capture table's directory) and put the
-    table's directory inside it: a relative one is taken under the root."""
-    from .observers.capture import CaptureConfig
+    """Resolve capture_root once (default: the capture table's directory), put the
+    table's directory inside it (a relative one is taken under the root) and parse the
+    table into the ``CaptureConfig`` everything else is given."""
     from .observers.capture.files import directory_in_root
     table = values.get("capture")
     configured = values.get("capture_root")
@@ -378,6 +383,8 @@ def _capture_root(values: dict[str, Any]) -> None:
     if derived:
         configured = str(table["directory"])
     if configured is None:
+        if table is not None:
+            values["capture"] = _parse_capture(table)      # names what is wrong (no directory)
         return
     if not configured.strip() or "\x00" in configured:
         raise ConfigError(f"capture_root: expected a directory path, got {configured!r}")
@@ -389,11 +396,11 @@ def _capture_root(values: dict[str, Any]) -> None:
     if os.path.isabs(directory) and os.path.commonpath([os.path.normpath(directory), configured]) == configured:
         directory = os.path.relpath(os.path.normpath(directory), configured)   # as spelt in capture_root
     try:
-        table = values["capture"] = {**table, "directory": directory_in_root(root, directory)}
-        wants_record_data = CaptureConfig.from_dict(table).include_record_data
+        directory = directory_in_root(root, directory)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if wants_record_data and not values.get("capture_allow_record_data"):
+    capture = values["capture"] = _parse_capture({**table, "directory": directory})
+    if capture.include_record_data and not values.get("capture_allow_record_data"):
         raise ConfigError("capture.include_record_data: needs capture_allow_record_data = true as well "
                           "(record keys and values are captured only on that explicit setting)")
 
@@ -654,8 +661,7 @@ def _validate_workers(c: Config) -> None:
         raise ConfigError(f"max_connections: divided among {c.workers} workers, so at least "
                           f"{c.workers}; got {c.max_connections}")
     if c.capture is not None:
-        from .observers.capture import CaptureConfig
-        defaults = CaptureConfig.from_dict({"directory": "checked", **c.capture})
+        defaults = c.capture
         share = defaults.max_total_bytes // c.workers
         if share < defaults.rotate_bytes * len(defaults.formats):
             raise ConfigError(f"capture.max_total_bytes: divided among {c.workers} workers, each "

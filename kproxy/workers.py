@@ -51,6 +51,7 @@ import time
 from typing import Any, Mapping
 
 from .config import Config
+from .observers.capture.config import DEFAULT_MAX_TOTAL_BYTES, DEFAULT_PREFIX, CaptureConfig, worker_prefix
 from .proxy.log_budget import LogBudget
 from .proxy.probe_board import Board
 from .proxy.probes import ProbeProcess
@@ -74,21 +75,20 @@ RESTART_LOG_INTERVAL_S = 60.0
 # After shutdown_timeout, workers still running get this long before SIGKILL (their own
 # stop closes listeners and capture files after the drain).
 STOP_GRACE_S = 5.0
-DEFAULT_CAPTURE_PREFIX = "kproxy-capture"
 
 
 # ---------------------------------------------------------------- what each worker gets
 
-def capture_settings(settings: Mapping[str, Any] | None, defaults: Mapping[str, Any] | None,
+def capture_settings(settings: Mapping[str, Any] | None, defaults: CaptureConfig | None,
                      index: int, workers: int) -> dict:
-    """One worker's share of a capture: its own file prefix (``<prefix>-w<index>``, so files
-    never collide) and 1/``workers`` of ``max_total_bytes``. A value that is not a number
-    is passed on as it is, for the worker to refuse with its usual message."""
-    from .observers.capture.config import DEFAULT_MAX_TOTAL_BYTES
-    merged = {**(defaults or {}), **(settings or {})}
-    prefix = merged.get("prefix") or DEFAULT_CAPTURE_PREFIX
-    total = merged.get("max_total_bytes", DEFAULT_MAX_TOTAL_BYTES)
-    out = {**(settings or {}), "prefix": f"{prefix}-w{index}"}
+    """One worker's share of a capture started over HTTP (``settings``, the request's body,
+    over the operator's ``defaults``): its own file prefix and 1/``workers`` of
+    ``max_total_bytes``. The body stays as sent: each worker parses it (a value that is not
+    a number is passed on, for the worker to refuse with its usual message)."""
+    settings = settings or {}
+    prefix = settings.get("prefix") or (defaults.prefix if defaults else DEFAULT_PREFIX)
+    total = settings.get("max_total_bytes", defaults.max_total_bytes if defaults else DEFAULT_MAX_TOTAL_BYTES)
+    out = {**settings, "prefix": worker_prefix(prefix, index)}
     out["max_total_bytes"] = total // workers if isinstance(total, int) and not isinstance(total, bool) \
         else total
     return out
@@ -106,9 +106,7 @@ def audit_settings(audit, index: int):
 def worker_config(config: Config, index: int, token: str) -> Config:
     """The config worker ``index`` runs: the operator's, with a private admin listener
     (loopback, any port, a token only the supervisor knows) and its share of the limits."""
-    capture = None
-    if config.capture is not None:
-        capture = capture_settings(config.capture, None, index, config.workers)
+    capture = config.capture.for_worker(index, config.workers) if config.capture is not None else None
     return dataclasses.replace(config, admin_listen=("127.0.0.1", 0), admin_token=token,
                                probe_listen=None,          # the supervisor answers probes
                                audit=audit_settings(config.audit, index),

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kproxy import config as config_module
 from kproxy.config import ConfigError
 from kproxy.observers.metrics import ExpositionMerger
+from kproxy.observers.capture import CaptureConfig
 from kproxy.workers import capture_settings, worker_config
 
 
@@ -102,7 +103,7 @@ def test_a_real_exposition_merges_into_valid_text():
 
 
 def test_each_worker_gets_its_own_capture_files_and_a_share_of_the_disk_cap():
-    defaults = {"directory": "/captures", "max_total_bytes": 1_000_000_000}
+    defaults = CaptureConfig(directory="/captures", max_total_bytes=1_000_000_000)
     assert capture_settings({"formats": ["parquet"]}, defaults, 1, 4) == {
         "formats": ["parquet"], "prefix": "kproxy-capture-w1", "max_total_bytes": 250_000_000}
     assert capture_settings({"prefix": "audit", "max_total_bytes": 600}, None, 0, 2) == {

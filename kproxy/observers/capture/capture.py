@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 from .config import CaptureConfig
 from .redact import decompression_refused
@@ -98,11 +98,9 @@ class Capture:
         session = self._session
         return session is not None and session.active
 
-    def start(self, config: CaptureConfig | Mapping[str, Any]) -> dict:
-        """Start capturing. ValueError: bad config; CaptureError: already running;
-        OSError: the directory or first files cannot be created (nothing started)."""
-        if not isinstance(config, CaptureConfig):
-            config = CaptureConfig.from_dict(config)
+    def start(self, config: CaptureConfig) -> dict:
+        """Start capturing. CaptureError: already running; OSError: the directory or first
+        files cannot be created (nothing started)."""
         with self._control:
             old = self._session
             if old is not None and old.active:

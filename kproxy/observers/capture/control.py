@@ -42,23 +42,19 @@ def parse_json_body(body: bytes | str | None) -> tuple[int, dict] | dict:
 
 
 def start_capture(capture: Capture, body: Mapping[str, Any] | None,
-                  defaults: Mapping[str, Any] | CaptureConfig | None = None, *,
+                  defaults: CaptureConfig | None = None, *,
                   root: str | None, allow_record_data: bool = False) -> tuple[int, dict]:
     """200 + status; 400 bad settings; 403 refused by the operator's settings (no
     ``root``, or record data not allowed); 409 already running; 500 cannot create files."""
     if root is None:
         return 403, {"error": "capture is off: no capture_root is configured (set capture_root "
                               "or capture.directory in kproxy's config)"}
-    merged: dict[str, Any] = {}
-    if isinstance(defaults, CaptureConfig):
-        merged.update(defaults.to_dict())
-    elif defaults:
-        merged.update(defaults)
-    merged.update(body or {})
-    if merged.get("directory") is None:
-        merged["directory"] = root
+    body = dict(body or {})
+    if "directory" in body and body["directory"] is None:
+        body["directory"] = root                 # asked for the default: the root itself
     try:
-        config = CaptureConfig.from_dict(merged)
+        config = defaults.updated(body) if defaults is not None else \
+            CaptureConfig.from_dict({"directory": root, **body})
         config = dataclasses.replace(config, directory=directory_in_root(root, config.directory))
     except ValueError as exc:
         return 400, {"error": str(exc)}
