@@ -35,7 +35,7 @@ FORMATS = ("jsonl", "parquet", "pcapng")
 
 
 class _Info:
-    """The connection a real relay would pass (``proxy.relay.ConnectionInfo``'s fields)."""
+    """The connection a real relay would pass (``observers.contract.ConnectionInfo``'s fields)."""
     id = 1
     client = ("127.0.0.1", 50000)
     listener = "127.0.0.1:9092"

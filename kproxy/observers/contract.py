@@ -1,5 +1,11 @@
-"""What the proxy tells its observers, as types: why a connection ended, and which
-lifecycle hooks an observer may have.
+"""The observer contract: what the proxy tells its observers, as types.
+
+An observer is a callable ``observer(info, events)``, given each connection's codec
+events (``protocol.connection``) after their bytes were forwarded; ``info`` is the
+connection's ``ConnectionInfo``. It may also define any of the ``Hook`` methods
+(lifecycle), ``needs_bodies()`` (keep large frames whole for it now) and
+``takes_events = False`` (hooks only). Failures are isolated: an observer that raises is
+logged once and otherwise ignored.
 
 A close is a ``CloseCause``: its ``kind`` is what is counted (the ``reason`` label of
 ``kproxy_connections_closed_total``), its ``text`` what is logged. Both are decided
@@ -13,9 +19,30 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
-from ..protocol.connection import (WRONG_PROTOCOLS, FrameTooLarge, ProtocolViolation, UnpairedResponse,
+from ..protocol.connection import (WRONG_PROTOCOLS, Event, FrameTooLarge, ProtocolViolation, UnpairedResponse,
                                    UntrackableRequest, WrongProtocol)
+
+HostPort = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """Who is talking: what observers need to attribute events."""
+    id: int
+    client: HostPort
+    listener: str                 # "bootstrap" or "broker-<node id>"
+    upstream: HostPort
+    node_id: int | None           # upstream node, when the listener is a broker's
+    opened: float | None = None   # wall clock (time.time()) when kproxy accepted the client
+    principal: str | None = None  # the client certificate's subject, when TLS verified one
+    # The peer kproxy accepted (a load balancer) when a PROXY protocol header named the
+    # client; ``client`` is then the header's source.
+    via: HostPort | None = None
+
+
+Observer = Callable[[ConnectionInfo, Iterable[Event]], None]
 
 
 class CloseKind(enum.Enum):

@@ -41,7 +41,8 @@ from ..protocol.connection import MalformedFrame, RequestReceived, ResponseRecei
 from ..protocol.client_software import software_named
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, count_batches
-from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
+from ..protocol.api_keys import ApiKey
+from ..protocol.sasl import SaslPrincipal
 from ..protocol.walk import error_codes, error_walker
 from ..protocol.tls_failures import HANDSHAKE_FAILURES
 from ..protocol.proxy_header import REFUSAL_REASONS as PROXY_HEADER_REFUSALS
@@ -85,10 +86,11 @@ MEMBER_STALE_SECONDS = 120.0
 # KIP-848 member ids remembered per group (the members gauge counts at most this many).
 MAX_MEMBERS_PER_GROUP = 10_000
 
-FETCH_KEYS = (1, 78)      # Fetch, ShareFetch: long-poll until data or max.wait.ms
-FETCH_KEY = 1
-METADATA_KEY = 3
-PRODUCE_KEY = 0
+# Compared per event: plain globals (an ApiKey attribute lookup costs ~4 of these).
+FETCH_KEYS = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})   # long-poll until data or max.wait.ms
+_FETCH, _METADATA, _PRODUCE, _API_VERSIONS = ApiKey.FETCH, ApiKey.METADATA, ApiKey.PRODUCE, ApiKey.API_VERSIONS
+_JOIN_GROUP, _SYNC_GROUP, _LEAVE_GROUP = ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP
+_SASL_KEYS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 FETCH_BY_TOPIC_ID = 13    # Fetch v13+ names topics by id, not name
 READ_COMMITTED = 1        # Fetch isolation_level: the consumer reads only up to the last stable offset
 # Fetch positions kept per connection (consumer lag). A broker leads a few thousand partitions
@@ -96,8 +98,6 @@ READ_COMMITTED = 1        # Fetch isolation_level: the consumer reads only up to
 MAX_LAG_PARTITIONS_PER_CONNECTION = 100_000
 # Topic id -> name pairs learnt from Metadata answers (Fetch v13+ names topics by id only).
 MAX_TOPIC_IDS = 100_000
-API_VERSIONS_KEY = 18
-JOIN_GROUP_KEY, SYNC_GROUP_KEY, LEAVE_GROUP_KEY = 11, 14, 13
 # Member heartbeats of the KIP-848 style protocols (response member_epoch) -> protocol label.
 EPOCH_HEARTBEATS = {API_KEYS[name]: protocol for name, protocol in (
     ("ConsumerGroupHeartbeat", "consumer"), ("ShareGroupHeartbeat", "share"),
@@ -106,7 +106,7 @@ EPOCH_HEARTBEATS = {API_KEYS[name]: protocol for name, protocol in (
 # one): their errors below mean "rejoin the group".
 GENERATION_APIS = frozenset(API_KEYS[name] for name, columns in PAIR_FIELDS.items()
                             if "generation" in columns and name in API_KEYS)
-GROUP_RESPONSE_KEYS = GENERATION_APIS | {LEAVE_GROUP_KEY}
+GROUP_RESPONSE_KEYS = GENERATION_APIS | {_LEAVE_GROUP}
 REJOIN_ERRORS = ("REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION",
                  "FENCED_MEMBER_EPOCH")
 REJOIN_ERROR_CODES = frozenset(code for code, name in schema.ERROR_NAMES.items() if name in REJOIN_ERRORS)
@@ -463,9 +463,9 @@ class Metrics:
             return
         if self.client_id_label is not None:
             self.client_requests.labels(self.client_id_label(request.client_id)).inc()
-        if event.api_key == JOIN_GROUP_KEY:
+        if event.api_key == _JOIN_GROUP:
             self._join_requested(request.body, event.time)
-        if event.api_key == PRODUCE_KEY:
+        if event.api_key == _PRODUCE:
             for topic in request.body.topic_data:
                 for partition in topic.partition_data:
                     nbytes = self._count_batches(partition.records, self._produce_totals)
@@ -502,11 +502,11 @@ class Metrics:
         fetched = 0
         if api_key in FETCH_KEYS:
             fetched = self._fetched(body)
-            if api_key == FETCH_KEY and self.consumer_lag:
+            if api_key == _FETCH and self.consumer_lag:
                 self._fetch_answered(event, info, body)
-        elif api_key == METADATA_KEY:
+        elif api_key == _METADATA:
             self._learn_topic_ids(body)
-        elif api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY) \
+        elif api_key in _SASL_KEYS \
                 and self.principal_label is not None and info is not None:
             self._sasl_answered(event, info, body)
         if series.long_poll is not None and fetched == 0:
@@ -529,7 +529,7 @@ class Metrics:
             self._error_child(series.name, code).inc()
         if api_key in GROUP_RESPONSE_KEYS:
             self._group_response(event, series.name, body, codes)
-        elif api_key == API_VERSIONS_KEY:
+        elif api_key == _API_VERSIONS:
             self._software_named(event, info, body)
 
     def _fetched(self, body) -> int:
@@ -632,9 +632,9 @@ class Metrics:
         if getattr(body, "error_code", 0):
             return
         key = event.api_key
-        if key == JOIN_GROUP_KEY:
+        if key == _JOIN_GROUP:
             self._joined(state, body, fields["generation"], event.request_event.time)
-        elif key == SYNC_GROUP_KEY:
+        elif key == _SYNC_GROUP:
             if fields["generation"] == state.generation and state.round_start is not None:
                 state.synced += 1
                 if state.expected and state.synced >= state.expected:   # the last member synced
@@ -643,7 +643,7 @@ class Metrics:
                         histogram = histogram.labels(state.label)
                     histogram.observe(max(0.0, event.time - state.round_start))
                     state.round_start = None
-        elif key == LEAVE_GROUP_KEY:
+        elif key == _LEAVE_GROUP:
             leaving = getattr(request.body, "members", None)
             state.classic_members = max(0, state.classic_members - (len(leaving) if leaving else 1))
         elif key in EPOCH_HEARTBEATS:

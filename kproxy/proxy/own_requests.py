@@ -21,7 +21,8 @@ import time
 from typing import Callable
 
 from ..config import Config
-from ..protocol import API_KEYS, DecodeError, Request, decode_response, encode_request, new_body
+from ..protocol.api_keys import ApiKey
+from ..protocol import DecodeError, Request, decode_response, encode_request, new_body
 from .log_budget import LogBudget
 from .probes import READINESS_CACHE_S
 from .relay import HostPort
@@ -29,8 +30,6 @@ from .rewrite import node_addresses
 
 log = logging.getLogger("kproxy.server")
 
-API_VERSIONS_KEY = API_KEYS["ApiVersions"]
-METADATA_KEY = API_KEYS["Metadata"]
 OWN_CLIENT_ID = "kproxy"           # client_id of the requests kproxy itself sends upstream
 # Discovery: a Metadata request for no topics at a version every Kafka from 2.4 to 4.x
 # answers (4.0 removed only v0-3), at most once per interval however many clients wait.
@@ -124,9 +123,9 @@ class OwnRequests:
 
     async def _metadata_brokers(self, host: str, port: int) -> list[tuple[int, str, int]]:
         version = DISCOVERY_METADATA_VERSION
-        response = await self.ask(host, port, METADATA_KEY, version,
-                                  new_body("request", METADATA_KEY, version, topics=[]))
-        return node_addresses(METADATA_KEY, version, response.body)
+        response = await self.ask(host, port, ApiKey.METADATA, version,
+                                  new_body("request", ApiKey.METADATA, version, topics=[]))
+        return node_addresses(ApiKey.METADATA, version, response.body)
 
     # ------------------------------------------------------------ readiness
 
@@ -161,8 +160,8 @@ class OwnRequests:
         for host, port in self.candidates():
             try:
                 response = await asyncio.wait_for(
-                    self.ask(host, port, API_VERSIONS_KEY, version,
-                             new_body("request", API_VERSIONS_KEY, version)),
+                    self.ask(host, port, ApiKey.API_VERSIONS, version,
+                             new_body("request", ApiKey.API_VERSIONS, version)),
                     READINESS_TIMEOUT_S)
             except _ASK_FAILURES as exc:
                 errors.append(_failure(host, port, exc))

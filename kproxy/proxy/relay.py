@@ -67,7 +67,7 @@ from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, C
                                    ProtocolViolation, ResponseReceived)
 from ..allocator import give_back_memory
 from ..observers.contract import (BROKER_CLOSED, CANCELLED, CLIENT_CLOSED, CLIENT_DONE, UPSTREAM_UNREACHABLE,
-                                  CloseCause, CloseKind, Hook)
+                                  CloseCause, CloseKind, ConnectionInfo, Hook, HostPort, Observer)
 from .log_budget import LogBudget
 from .tls import certificate_subject
 
@@ -135,8 +135,6 @@ TRIM_QUIET_S = 1.0
 # next burst's pages must be faulted in again.
 TRIM_MIN_INTERVAL_S = 10.0
 
-HostPort = tuple[str, int]
-Observer = Callable[["ConnectionInfo", Iterable[Event]], None]
 _ids = itertools.count(1)
 
 
@@ -146,21 +144,6 @@ UNREACHABLE_LOG_CAUSES_PER_INTERVAL = 5
 
 class RewriteFailed(Exception):
     """A response that must be rewritten could not be: the connection closes rather than leak."""
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionInfo:
-    """Who is talking: what observers need to attribute events."""
-    id: int
-    client: HostPort
-    listener: str                 # "bootstrap" or "broker-<node id>"
-    upstream: HostPort
-    node_id: int | None           # upstream node, when the listener is a broker's
-    opened: float | None = None   # wall clock (time.time()) when kproxy accepted the client
-    principal: str | None = None  # the client certificate's subject, when TLS verified one
-    # The peer kproxy accepted (a load balancer) when a PROXY protocol header named the
-    # client; ``client`` is then the header's source.
-    via: HostPort | None = None
 
 
 @dataclass

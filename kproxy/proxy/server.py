@@ -60,6 +60,7 @@ from typing import Iterable
 from ..config import Config
 from ..protocol import DecodeError, decode_response, encode_response
 from ..observers.contract import SHUTTING_DOWN, CloseCause, CloseKind, Hook
+from ..protocol.api_keys import ApiKey
 from ..protocol.connection import RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
@@ -74,16 +75,14 @@ from .tls import client_context, server_context
 
 log = logging.getLogger("kproxy.server")
 
-API_VERSIONS_KEY = 18
 CORRELATION_ID_BYTES = 4          # a response frame's first field (ApiVersions' header is always v0)
-METADATA_KEY = 3
-DESCRIBE_CLUSTER_KEY = 60
 CONTROLLER_ENDPOINT_TYPE = 2      # DescribeCluster's EndpointType for "list the controllers"
 # Responses whose addresses are KRaft controller (quorum) listeners, not brokers': Vote,
 # BeginQuorumEpoch, EndQuorumEpoch, DescribeQuorum, FetchSnapshot, UpdateRaftVoter. In
 # combined mode a controller shares its node id with a broker, so learning from them would
 # re-point that broker's listener at the controller port. They are rewritten, not learnt.
-CONTROLLER_ADDRESS_KEYS = frozenset({52, 53, 54, 55, 59, 82})
+CONTROLLER_ADDRESS_KEYS = frozenset({ApiKey.VOTE, ApiKey.BEGIN_QUORUM_EPOCH, ApiKey.END_QUORUM_EPOCH,
+                                     ApiKey.DESCRIBE_QUORUM, ApiKey.FETCH_SNAPSHOT, ApiKey.UPDATE_RAFT_VOTER})
 LISTEN_BACKLOG = 1024             # accept queue per listener; clients burst on rebalances
 IDLE_CHECK_INTERVAL_S = 5.0       # how often idle connections are looked for
 SHUTDOWN_POLL_S = 0.05            # how often shutdown checks for in-flight requests
@@ -476,12 +475,12 @@ class Proxy:
     def _holds(self, api_key: int, api_version: int) -> bool:
         """Whether answers to this (API, version) are held for ``transform`` (``hold``, cached)."""
         return carries_addresses(api_key, api_version) or (
-            api_key == API_VERSIONS_KEY and self.config.cap_api_versions)
+            api_key == ApiKey.API_VERSIONS and self.config.cap_api_versions)
 
     def transform(self, event: ResponseReceived) -> bytes | None:
         """Rewrite addresses (and cap ApiVersions) in a held response; None keeps it as is."""
         api_key, version = event.api_key, event.api_version
-        if api_key == API_VERSIONS_KEY and self.config.cap_api_versions:
+        if api_key == ApiKey.API_VERSIONS and self.config.cap_api_versions:
             return self._capped_api_versions(event)
         return self._rewritten(event)
 
@@ -497,12 +496,12 @@ class Proxy:
         if rest is _UNCACHED:
             rest = None
             try:
-                response = decode_response(frame, API_VERSIONS_KEY, version)
+                response = decode_response(frame, ApiKey.API_VERSIONS, version)
             except DecodeError:
                 response = None              # not capped, as a failed decode never was
             if response is not None and cap_api_versions(response):
                 try:
-                    rest = bytes(encode_response(response, API_VERSIONS_KEY, version)[CORRELATION_ID_BYTES:])
+                    rest = bytes(encode_response(response, ApiKey.API_VERSIONS, version)[CORRELATION_ID_BYTES:])
                 except (ValueError, TypeError, OverflowError) as exc:
                     raise RewriteFailed(f"re-encoding ApiVersions v{version}: {exc}") from None
             if len(self._api_versions_answers) >= API_VERSIONS_ANSWERS_CACHED:
@@ -525,10 +524,10 @@ class Proxy:
                                     f"{event.decode_error or 'unknown version'}")
             return None
         changed = False
-        if api_key == METADATA_KEY:
+        if api_key == ApiKey.METADATA:
             self._brokers_listed({n for n, _, _ in node_addresses(api_key, version, response.body)})
         controllers = api_key in CONTROLLER_ADDRESS_KEYS or (
-            api_key == DESCRIBE_CLUSTER_KEY
+            api_key == ApiKey.DESCRIBE_CLUSTER
             and getattr(response.body, "endpoint_type", None) == CONTROLLER_ENDPOINT_TYPE)
         mapper = self.advertise_controller if controllers else self.advertise
         self._left_out.clear()

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kproxy.observers.contract import CLIENT_CLOSED
 from kproxy.protocol import API_KEYS, Request, Response, encode_request, encode_response, new_body
 from kproxy.protocol.connection import Connection
-from kproxy.proxy.relay import ConnectionInfo
+from kproxy.observers.contract import ConnectionInfo
 from tests.protocol.frames import framed
 
 _ids = itertools.count(1)

@@ -19,7 +19,7 @@ import pytest
 from kproxy.observers.contract import CLIENT_CLOSED, CloseCause, CloseKind
 from kproxy.observers.metrics import CLOSE_REASONS
 from kproxy.protocol.connection import WRONG_PROTOCOLS, Connection, WrongProtocol
-from kproxy.proxy.relay import ConnectionInfo
+from kproxy.observers.contract import ConnectionInfo
 from kproxy.proxy.server import MisconfigurationLog
 from tests.observers.metrics import sample, scrape_until
 from tests.proxy.harness import ProxyThread
