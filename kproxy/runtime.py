@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 from prometheus_client import generate_latest
 
@@ -224,10 +224,12 @@ class Runtime:
         if self.audit is not None:                        # after the drain: every answer is in
             await asyncio.to_thread(self.audit.stop)
 
-    async def run_until_signalled(self) -> None:
-        """Serve until SIGTERM or SIGINT, then shut down gracefully; SIGHUP reloads the
-        TLS files."""
-        stop = asyncio.Event()
+    async def run_until_signalled(self, stop: asyncio.Event | None = None,
+                                  serving: Callable[[], object] | None = None) -> None:
+        """Serve until SIGTERM or SIGINT (or ``stop`` is set), then shut down gracefully;
+        SIGHUP reloads the TLS files. ``serving`` is called once kproxy serves (a worker
+        tells its supervisor). The one serving path of both a process and a worker."""
+        stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -241,8 +243,9 @@ class Runtime:
         gc.collect()
         gc.freeze()
         try:
+            if serving is not None:
+                serving()
             await stop.wait()
-            log.info("signal received: shutting down (up to %gs for in-flight requests)",
-                     self.config.shutdown_timeout)
+            log.info("shutting down (up to %gs for in-flight requests)", self.config.shutdown_timeout)
         finally:
             await self.stop()

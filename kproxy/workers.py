@@ -137,11 +137,9 @@ def _worker_main(config: Config, index: int, pipe, probe_board: Board | None) ->
 
 
 async def _serve(runtime, pipe) -> None:
+    """A worker serves as a single kproxy does, and also stops when its supervisor is gone."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, runtime.proxy.reload_tls)
 
     def supervisor_gone():
         # The supervisor never writes: the pipe turns readable only when it has gone.
@@ -149,14 +147,7 @@ async def _serve(runtime, pipe) -> None:
         logging.getLogger("kproxy").warning("the supervisor is gone: stopping")
         stop.set()
     loop.add_reader(pipe.fileno(), supervisor_gone)
-    await runtime.start()
-    pipe.send(("serving", runtime.admin.address[1]))
-    try:
-        await stop.wait()
-        logging.getLogger("kproxy").info("stopping: draining (up to %gs for in-flight requests)",
-                                         runtime.config.shutdown_timeout)
-    finally:
-        await runtime.stop()
+    await runtime.run_until_signalled(stop, lambda: pipe.send(("serving", runtime.admin.address[1])))
 
 
 # ---------------------------------------------------------------- the supervisor

@@ -157,3 +157,37 @@ def test_a_worker_gets_its_share_of_the_buffer_budget_and_connection_ids_apart(m
     relay.run_as_worker(1, 4)
     assert relay.buffer_budget_limit() == relay.DEFAULT_BUFFER_BUDGET // 4
     assert [next(relay._ids) for _ in range(3)] == [2, 6, 10]     # worker 1 of 4: never 1, 3, 4, 5 ...
+
+
+# A worker's body (``_serve``) with a real Runtime in a fresh interpreter: the pipe reports
+# what the garbage collector froze once the worker serves, then stops it as SIGTERM would.
+WORKER_SERVES = """
+import asyncio, gc, os, signal
+from kproxy import config
+from kproxy.runtime import Runtime
+from kproxy.workers import _serve
+
+class Pipe:
+    def __init__(self):
+        self.read, self.write = os.pipe()
+    def fileno(self):
+        return self.read
+    def send(self, message):
+        print(message[0], gc.get_freeze_count(), flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+runtime = Runtime(config.load(overrides={"upstream": "127.0.0.1:1", "listen": "127.0.0.1:0",
+                                         "broker_port_base": 0, "admin_listen": "127.0.0.1:0"}))
+asyncio.run(_serve(runtime, Pipe()))
+print("stopped", flush=True)
+"""
+
+
+def test_a_worker_freezes_its_start_up_objects_as_a_single_kproxy_does():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", WORKER_SERVES], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    serving, stopped = out.stdout.split("\n")[:2]
+    assert serving.split()[0] == "serving" and int(serving.split()[1]) > 10_000    # the schema tables alone
+    assert stopped == "stopped"
