@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .protocol.connection import DEFAULT_MAX_FRAME_SIZE
+from .spelling import SUGGESTION_CUTOFF, did_you_mean
 
 if TYPE_CHECKING:
     from .observers.audit import AuditConfig
@@ -49,9 +50,6 @@ OTHER_ENV_VARS = frozenset({"KPROXY_CACHE_DIR", "KPROXY_SKIP_BROKER_TESTS", "KPR
 # Hosts that mean "every interface" to bind(), and "this machine" to a client told them:
 # never an address to advertise (Kafka refuses them in advertised.listeners too).
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-# How close a misspelling must be to a known name for "did you mean" (difflib's ratio;
-# 0.6 is its default, which also offers unrelated short names).
-SUGGESTION_CUTOFF = 0.75
 
 # Kafka clients close idle connections after connections.max.idle.ms (9 min by
 # default); the proxy waits a little longer so it is never the one that cuts first.
@@ -79,12 +77,6 @@ MAX_WORKERS = 64
 
 class ConfigError(ValueError):
     """A configuration value is missing or wrong; the message names the key."""
-
-
-def did_you_mean(name: str, known) -> str:
-    """`` (did you mean X?)`` for the known name closest to a misspelt one, else ``""``."""
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=SUGGESTION_CUTOFF)
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def parse_host_port(text: str, key: str) -> HostPort:
@@ -151,7 +143,7 @@ class Config:
     admin_listen: HostPort | None = ("127.0.0.1", 9644)
     # /healthz and /readyz only, answered by a process of their own so that neither a
     # scrape storm on the admin port nor a busy event loop (or a garbage collection holding
-    # the interpreter lock) delays them (see proxy/probes.py).
+    # the interpreter lock) delays them (see probes/probes.py).
     # Off unless set; the deploy files set 0.0.0.0:9645 and point the probes at it.
     probe_listen: HostPort | None = None
     mode: str = "gateway"
@@ -235,7 +227,7 @@ class Config:
         """routing = "sni": the NodeNames (validated at build); None otherwise."""
         if self.routing != "sni":
             return None
-        from .proxy.sni import NodeNames
+        from .certs.sni import NodeNames
         return NodeNames.parse(self.sni_host_template, self.sni_bootstrap_host)
 
 
@@ -341,7 +333,7 @@ def _tls(key: str, value: Any, cls: type) -> Any:
         path = getattr(tls, name)
         if name.endswith("_file") and path is not None and not Path(path).is_file():
             raise ConfigError(f"{key}.{name}: no such file {path!r}")
-    from .proxy.tls_files import TLSFilesError, check_settings, load
+    from .certs.tls_files import TLSFilesError, check_settings, load
     try:
         check_settings(key, tls)
         load(key, tls)                 # what the files hold, checked once at start as well
@@ -719,7 +711,7 @@ def _validate_routing(c: Config) -> None:
     if c.mode == "sidecar" and c.listen[1] == 0:
         raise ConfigError("listen: a sidecar with routing = 'sni' advertises its listen port for "
                           "every node, so sibling sidecars need the same fixed port, not 0")
-    from .proxy.sni import NodeNames
+    from .certs.sni import NodeNames
     try:
         NodeNames.parse(c.sni_host_template, c.sni_bootstrap_host)
     except ValueError as exc:

@@ -7,7 +7,7 @@ answered (all by ``shutdown_timeout``), close the admin port, then the probe por
 ``/readyz`` is also 503 while a broker listener cannot be bound (one line per
 listener says why). ``/healthz`` and ``/readyz`` answer the same on the admin port
 and on the probe port (``probe_listen``: a process of its own reading what the
-event loop posts to the probe board; see ``proxy/probes.py``).
+event loop posts to the probe board; see ``probes/probes.py``).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.live import LiveView
 from .observers.metrics import Metrics
-from .proxy.admin import AdminServer, SharedRender, metrics_answer
-from .proxy.live_web import LiveRoutes
-from .proxy.probe_board import Board
-from .proxy.probes import LoopHeartbeat, ProbeProcess, Readiness
+from .admin.admin import AdminServer, SharedRender, metrics_answer
+from .admin.live_web import LiveRoutes
+from .probes.probe_board import Board
+from .probes.probes import LoopHeartbeat, ProbeProcess, Readiness
 from .proxy.relay import Observer, worker_ids
 from .proxy.server import Proxy
 

@@ -22,9 +22,9 @@ The supervisor relays nothing. It:
 - passes SIGHUP on to every worker (each reloads its TLS files; each also watches them);
 - on SIGTERM or SIGINT sends SIGTERM to every worker, which drains as a single
   kproxy does (``shutdown_timeout``), and kills what is left ``STOP_GRACE_S`` later;
-- serves the one admin listener (``kproxy.proxy.worker_admin``): metrics summed
+- serves the one admin listener (``kproxy.admin.worker_admin``): metrics summed
   over the workers, health and readiness of all of them, capture control for all;
-- with ``probe_listen``, starts the probe process (``kproxy.proxy.probes``) on a
+- with ``probe_listen``, starts the probe process (``kproxy.probes``) on a
   probe board of one slot per worker: each worker's event loop posts its heartbeat
   and readiness to its slot, and the supervisor resets a dead worker's slot (its
   last heartbeat would otherwise age into "stalled") until its successor posts.
@@ -53,9 +53,9 @@ from typing import Any, Mapping
 from .config import Config
 from .observers.capture.config import DEFAULT_MAX_TOTAL_BYTES, DEFAULT_PREFIX, CaptureConfig, worker_prefix
 from .proxy.log_budget import LogBudget
-from .proxy.probe_board import Board
-from .proxy.probes import ProbeProcess
-from .proxy.worker_admin import WorkerAdmin, WorkerView
+from .admin.worker_admin import WorkerAdmin, WorkerView
+from .probes.probe_board import Board
+from .probes.probes import ProbeProcess
 
 log = logging.getLogger("kproxy.workers")
 

@@ -24,7 +24,7 @@ from ..config import Config
 from ..protocol.api_keys import ApiKey
 from ..protocol import DecodeError, Request, decode_response, encode_request, new_body
 from .log_budget import LogBudget
-from .probes import READINESS_CACHE_S
+from ..probes.probes import READINESS_CACHE_S
 from .relay import HostPort
 from .rewrite import node_addresses
 

@@ -70,7 +70,7 @@ from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPoli
                     serve_relays)
 from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
                       rewrite_addresses, withhold_nodes)
-from .sni import BOOTSTRAP, certificate_covers
+from ..certs.sni import BOOTSTRAP, certificate_covers
 from .tls import client_context, server_context
 
 log = logging.getLogger("kproxy.server")

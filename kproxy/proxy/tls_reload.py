@@ -29,7 +29,7 @@ from typing import Callable
 
 from ..observers.contract import Hook
 from .relay import notify_hook
-from .tls_files import Material, Snapshot, TLSFilesError, file_settings, load, read
+from ..certs.tls_files import Material, Snapshot, TLSFilesError, file_settings, load, read
 
 log = logging.getLogger("kproxy.tls")
 

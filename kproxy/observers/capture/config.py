@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ...config import did_you_mean
+from ...spelling import did_you_mean
 from .filters import CaptureFilter
 
 FORMATS = ("jsonl", "parquet", "pcapng")

@@ -48,7 +48,7 @@ import sys
 import time
 from typing import Awaitable, Callable, Collection
 
-from .http_limits import READ_TIMEOUT_S
+from ..admin.http_limits import READ_TIMEOUT_S
 from .probe_board import Board, SlotState
 
 # How often each proxy event loop posts its heartbeat and readiness: often enough that a
@@ -213,7 +213,7 @@ def needs_refresh(state: SlotState, now: float) -> bool:
 # it needs is there, and site's import costs start-up time), no environment (-I).
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CHILD = (f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); "
-          f"from kproxy.proxy.probe_server import main; sys.exit(main(sys.argv[1:]))")
+          f"from kproxy.probes.probe_server import main; sys.exit(main(sys.argv[1:]))")
 
 
 class ProbeProcess:
