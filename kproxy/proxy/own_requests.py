@@ -24,7 +24,7 @@ from ..config import Config
 from ..protocol.api_keys import ApiKey
 from ..protocol import DecodeError, Request, decode_response, encode_request, new_body
 from .log_budget import LogBudget
-from ..probes.probes import READINESS_CACHE_S
+from ..readiness import READINESS_CACHE_S, READINESS_TIMEOUT_S
 from .relay import HostPort
 from .rewrite import node_addresses
 
@@ -38,9 +38,8 @@ DISCOVERY_MIN_INTERVAL_S = 1.0
 # A failed discovery is logged once per interval, with how many failures were not.
 DISCOVERY_LOG_INTERVAL_S = 60.0
 # /readyz asks an upstream for ApiVersions (v0: every broker answers it, before any SASL),
-# within this time, and keeps the answer probes.READINESS_CACHE_S.
+# within readiness.READINESS_TIMEOUT_S, and keeps the answer readiness.READINESS_CACHE_S.
 READINESS_API_VERSIONS_VERSION = 0
-READINESS_TIMEOUT_S = 2.0
 # What a failed request of kproxy's own can raise: the broker is unreachable, slow,
 # hung up, speaks TLS differently, or answered something that does not decode.
 _ASK_FAILURES = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError,
