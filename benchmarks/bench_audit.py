@@ -31,7 +31,8 @@ from kproxy.observers.metrics import Metrics  # noqa: E402
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body  # noqa: E402
 from kproxy.protocol.api_keys import ApiKey  # noqa: E402
 from kproxy.protocol.connection import Connection, RequestReceived, ResponseReceived  # noqa: E402
-from kproxy.protocol.records import Record, build_batch  # noqa: E402
+from kproxy.protocol.record_encoder import build_batch  # noqa: E402
+from kproxy.protocol.records import Record  # noqa: E402
 from kproxy.observers.contract import ConnectionInfo  # noqa: E402
 
 INFO = ConnectionInfo(id=1, client=("127.0.0.1", 40000), listener="bootstrap",

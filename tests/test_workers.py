@@ -150,12 +150,13 @@ def test_workers_from_the_environment():
 
 
 def test_a_worker_gets_its_share_of_the_buffer_budget_and_connection_ids_apart(monkeypatch):
-    from kproxy.proxy import relay
+    from kproxy.proxy import memory, relay
     monkeypatch.setattr(relay, "_ids", relay._ids)                # restored after the test
     monkeypatch.setattr(relay, "_worker_processes", 1)
-    monkeypatch.setattr(relay, "CONTAINER_MEMORY_LIMIT_FILES", ())
+    monkeypatch.setattr(memory, "_budget_shares", 1)
+    monkeypatch.setattr(memory, "CONTAINER_MEMORY_LIMIT_FILES", ())
     relay.run_as_worker(1, 4)
-    assert relay.buffer_budget_limit() == relay.DEFAULT_BUFFER_BUDGET // 4
+    assert memory.buffer_budget_limit() == memory.DEFAULT_BUFFER_BUDGET // 4
     assert [next(relay._ids) for _ in range(3)] == [2, 6, 10]     # worker 1 of 4: never 1, 3, 4, 5 ...
 
 

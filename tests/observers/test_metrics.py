@@ -12,7 +12,8 @@ from kproxy.observers.metrics import CLOSE_REASONS, LATENCY_BUCKETS, PREINITIALI
 from kproxy.protocol import schema
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
 from kproxy.protocol.connection import Connection, FrameTooLarge, UnpairedResponse, UntrackableRequest
-from kproxy.protocol.records import Record, build_batch
+from kproxy.protocol.record_encoder import build_batch
+from kproxy.protocol.records import Record
 from tests.protocol.frames import framed
 
 
