@@ -86,11 +86,13 @@ MEMBER_STALE_SECONDS = 120.0
 # KIP-848 member ids remembered per group (the members gauge counts at most this many).
 MAX_MEMBERS_PER_GROUP = 10_000
 
-# Compared per event: plain globals (an ApiKey attribute lookup costs ~4 of these).
-FETCH_KEYS = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})   # long-poll until data or max.wait.ms
-_FETCH, _METADATA, _PRODUCE, _API_VERSIONS = ApiKey.FETCH, ApiKey.METADATA, ApiKey.PRODUCE, ApiKey.API_VERSIONS
-_JOIN_GROUP, _SYNC_GROUP, _LEAVE_GROUP = ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP
-_SASL_KEYS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+# Compared per event: plain int globals (an ApiKey attribute lookup costs ~4 global
+# reads, and an int compares with an int faster than with an IntEnum member).
+FETCH_KEYS = frozenset(map(int, (ApiKey.FETCH, ApiKey.SHARE_FETCH)))   # long-poll until data or max.wait.ms
+_FETCH, _METADATA, _PRODUCE, _API_VERSIONS = map(int, (ApiKey.FETCH, ApiKey.METADATA, ApiKey.PRODUCE,
+                                                       ApiKey.API_VERSIONS))
+_JOIN_GROUP, _SYNC_GROUP, _LEAVE_GROUP = map(int, (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP))
+_SASL_KEYS = frozenset(map(int, (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)))
 FETCH_BY_TOPIC_ID = 13    # Fetch v13+ names topics by id, not name
 READ_COMMITTED = 1        # Fetch isolation_level: the consumer reads only up to the last stable offset
 # Fetch positions kept per connection (consumer lag). A broker leads a few thousand partitions

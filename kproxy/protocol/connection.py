@@ -68,8 +68,9 @@ _REQUEST_PREFIX = struct.Struct(">hhi")
 _I16 = struct.Struct(">h")
 
 _CORRELATION_END = 8            # size prefix and correlation id: what pairing needs of a response
-# Compared per frame: plain globals (an ApiKey attribute lookup costs ~4 of these).
-_PRODUCE, _SASL_HANDSHAKE = ApiKey.PRODUCE, ApiKey.SASL_HANDSHAKE
+# Compared per frame: plain int globals (an ApiKey attribute lookup costs ~4 global
+# reads, and an int compares with an int faster than with an IntEnum member).
+_PRODUCE, _SASL_HANDSHAKE = int(ApiKey.PRODUCE), int(ApiKey.SASL_HANDSHAKE)
 # Client tokens per SASL exchange when SaslHandshake v0 put the connection in
 # raw-token mode (no SaslAuthenticate framing): the broker answers each one.
 RAW_SASL_ROUNDS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2, "OAUTHBEARER": 1}
