@@ -50,6 +50,7 @@ from typing import Any, Iterator, Mapping
 from ..protocol.client_software import ClientSoftware, software_named
 from ..protocol.connection import RequestReceived, ResponseReceived
 from ..protocol.api_keys import ApiKey
+from .contract import CloseCause
 from .capture.filters import CaptureFilter, header_client_id
 from .capture.jsonl import json_form
 from .capture.pcapng import stream_file
@@ -353,7 +354,7 @@ class LiveView:
         self._clients[info.id] = _Client(info)
         self._learning.add(info.id)
 
-    def connection_closed(self, info, reason: str | None = None, in_flight: int | None = None) -> None:
+    def connection_closed(self, info, reason: CloseCause | None = None, in_flight: int | None = None) -> None:
         self._learning.discard(info.id)
         client = self._clients.pop(info.id, None)
         if client is not None:

@@ -25,6 +25,7 @@ from ...protocol.connection import RequestReceived, ResponseReceived
 from ...protocol.pair_fields import pair_fields
 from ...protocol.api_keys import ApiKey
 from ...protocol.sasl import SaslPrincipal
+from ..contract import CloseCause
 from .config import AuditConfig
 from .events import (AUDITED_APIS, WATCHED_APIS, Who, build_event,
                      is_outside_commit)
@@ -121,7 +122,7 @@ class Audit:
         self.enqueued += 1
         self._queue.put(item)
 
-    def connection_closed(self, info, reason: str | None = None, in_flight: int | None = None) -> None:
+    def connection_closed(self, info, reason: CloseCause | None = None, in_flight: int | None = None) -> None:
         if self._active and info is not None:
             self._put += 1                 # past the bound: it frees a connection's state
             self._queue.put((_CLOSE, info, None))

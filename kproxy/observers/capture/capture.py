@@ -20,6 +20,7 @@ import socket
 import threading
 from typing import Any, NamedTuple
 
+from ..contract import CloseCause
 from .config import CaptureConfig
 from .redact import decompression_refused
 from .session import Session
@@ -84,7 +85,7 @@ class Capture:
         writes frames) instead of streamed past the observers."""
         return self.active
 
-    def connection_closed(self, info, reason: str | None = None, in_flight: int | None = None) -> None:
+    def connection_closed(self, info, reason: CloseCause | None = None, in_flight: int | None = None) -> None:
         """Hook: the proxied connection ``info`` closed. ``in_flight``: requests the tracker
         still had unanswered (``Relay.in_flight``), so exactly those get "unanswered" rows."""
         session = self._session
