@@ -29,10 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kproxy.observers.audit import Audit, AuditConfig  # noqa: E402
 from kproxy.observers.metrics import Metrics  # noqa: E402
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body  # noqa: E402
-from kproxy.observers.audit.events import OFFSET_COMMIT_KEY  # noqa: E402
+from kproxy.protocol.api_keys import ApiKey  # noqa: E402
 from kproxy.protocol.connection import Connection, RequestReceived, ResponseReceived  # noqa: E402
-from kproxy.protocol.records import Record, build_batch  # noqa: E402
-from kproxy.proxy.relay import ConnectionInfo  # noqa: E402
+from kproxy.protocol.record_encoder import build_batch  # noqa: E402
+from kproxy.protocol.records import Record  # noqa: E402
+from kproxy.observers.contract import ConnectionInfo  # noqa: E402
 
 INFO = ConnectionInfo(id=1, client=("127.0.0.1", 40000), listener="bootstrap",
                       upstream=("127.0.0.1", 9092), node_id=None)
@@ -121,8 +122,8 @@ def _api_key(event) -> int:
 
 def measure(pairs: int, rounds: int) -> dict:
     plain = decoded_events(*ordinary(pairs))
-    commits = [e for e in plain if _api_key(e) == OFFSET_COMMIT_KEY]
-    others = [e for e in plain if _api_key(e) != OFFSET_COMMIT_KEY]
+    commits = [e for e in plain if _api_key(e) == ApiKey.OFFSET_COMMIT]
+    others = [e for e in plain if _api_key(e) != ApiKey.OFFSET_COMMIT]
     metrics_cost = per_pair(Metrics(consumer_lag=False), plain, pairs, rounds)
     audit = Audit(AuditConfig(log=False, queue_max_items=10 ** 9), "bench")
     audit.start()

@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kproxy.observers.capture import Capture, CaptureConfig  # noqa: E402
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body  # noqa: E402
 from kproxy.protocol.connection import Connection  # noqa: E402
-from kproxy.protocol.records import Record, build_batch  # noqa: E402
+from kproxy.protocol.record_encoder import build_batch  # noqa: E402
+from kproxy.protocol.records import Record  # noqa: E402
 
 RECORD_BYTES = 1024
 RECORDS_PER_BATCH = 1000          # ~1 MiB per Produce request and Fetch response, like bench_proxy
@@ -35,7 +36,7 @@ FORMATS = ("jsonl", "parquet", "pcapng")
 
 
 class _Info:
-    """The connection a real relay would pass (``proxy.relay.ConnectionInfo``'s fields)."""
+    """The connection a real relay would pass (``observers.contract.ConnectionInfo``'s fields)."""
     id = 1
     client = ("127.0.0.1", 50000)
     listener = "127.0.0.1:9092"

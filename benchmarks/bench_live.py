@@ -28,7 +28,7 @@ from kproxy.observers.capture import Capture  # noqa: E402
 from kproxy.observers.live import LiveView, ViewerFilter  # noqa: E402
 from kproxy.observers.metrics import Metrics  # noqa: E402
 from kproxy.protocol.connection import Connection  # noqa: E402
-from kproxy.proxy.relay import ConnectionInfo  # noqa: E402
+from kproxy.observers.contract import ConnectionInfo  # noqa: E402
 
 INFO = ConnectionInfo(1, ("127.0.0.1", 40000), "bootstrap", ("127.0.0.1", 9092), None, time.time())
 

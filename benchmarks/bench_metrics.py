@@ -59,7 +59,8 @@ from kproxy.observers.metrics import Metrics  # noqa: E402
 from kproxy.protocol import (Request, Response, Struct, Uuid, encode_request, encode_response,  # noqa: E402
                              new_body, schema)
 from kproxy.protocol.connection import Connection, ResponseReceived  # noqa: E402
-from kproxy.protocol.records import Record, build_batch  # noqa: E402
+from kproxy.protocol.record_encoder import build_batch  # noqa: E402
+from kproxy.protocol.records import Record  # noqa: E402
 
 
 def framed(payload: bytes) -> bytes:

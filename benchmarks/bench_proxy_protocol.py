@@ -33,7 +33,8 @@ import uvloop
 from kproxy import config as config_module
 from kproxy.protocol import Request, Struct, encode_request, new_body
 from kproxy.proxy.server import Proxy
-from kproxy.protocol.records import Record, build_batch
+from kproxy.protocol.record_encoder import build_batch
+from kproxy.protocol.records import Record
 
 PRODUCE_MB = 512                    # streamed per round
 RECORDS_PER_REQUEST = 64

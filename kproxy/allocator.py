@@ -18,7 +18,7 @@ import os
 MALLOC_MMAP_THRESHOLD = 32 * 1024 * 1024      # glibc's own ceiling for this setting
 # Free memory at the top of the heap beyond this goes back to the system. Frames freed
 # out of order leave their memory in the middle of the heap, which this never returns:
-# ``give_back_memory`` does, after bursts (see relay.BufferBudget). glibc's own 128 KiB
+# ``give_back_memory`` does, after bursts (see proxy.memory.BufferBudget). glibc's own 128 KiB
 # returned no more than this after 2,000 half-frames (benchmarks/bench_memory_return.py).
 MALLOC_TRIM_THRESHOLD = 128 * 1024 * 1024
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3    # mallopt parameter numbers (malloc.h)

@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 
+from .observers.contract import CloseCause
 from .protocol import error_name
 from .protocol.connection import ResponseReceived
 from .protocol.walk import error_codes
@@ -80,9 +81,8 @@ class DemoPrinter:
     def connection_opened(self, info) -> None:
         self.opened += 1
 
-    def connection_closed(self, info, reason: str | None = None, in_flight: int | None = None) -> None:
-        from .observers.metrics import close_reason_label   # as the metrics fold the relay's text
-        label = close_reason_label(reason or "other")
+    def connection_closed(self, info, reason: CloseCause, in_flight: int | None = None) -> None:
+        label = reason.label
         self.closed[DEMO_CLOSED_BY.get(label, label.replace("_", " "))] += 1
 
     def summary(self) -> str:

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .protocol.connection import DEFAULT_MAX_FRAME_SIZE
+from .spelling import SUGGESTION_CUTOFF, did_you_mean
 
 if TYPE_CHECKING:
     from .observers.audit import AuditConfig
     from .proxy.telemetry_offer import TelemetryOffer
+    from .observers.capture import CaptureConfig
 
 HostPort = tuple[str, int]
 
@@ -49,9 +51,6 @@ OTHER_ENV_VARS = frozenset({"KPROXY_CACHE_DIR", "KPROXY_SKIP_BROKER_TESTS", "KPR
 # Hosts that mean "every interface" to bind(), and "this machine" to a client told them:
 # never an address to advertise (Kafka refuses them in advertised.listeners too).
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-# How close a misspelling must be to a known name for "did you mean" (difflib's ratio;
-# 0.6 is its default, which also offers unrelated short names).
-SUGGESTION_CUTOFF = 0.75
 
 # Kafka clients close idle connections after connections.max.idle.ms (9 min by
 # default); the proxy waits a little longer so it is never the one that cuts first.
@@ -79,12 +78,6 @@ MAX_WORKERS = 64
 
 class ConfigError(ValueError):
     """A configuration value is missing or wrong; the message names the key."""
-
-
-def did_you_mean(name: str, known) -> str:
-    """`` (did you mean X?)`` for the known name closest to a misspelt one, else ``""``."""
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=SUGGESTION_CUTOFF)
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def parse_host_port(text: str, key: str) -> HostPort:
@@ -151,7 +144,7 @@ class Config:
     admin_listen: HostPort | None = ("127.0.0.1", 9644)
     # /healthz and /readyz only, answered by a process of their own so that neither a
     # scrape storm on the admin port nor a busy event loop (or a garbage collection holding
-    # the interpreter lock) delays them (see proxy/probes.py).
+    # the interpreter lock) delays them (see probes/probes.py).
     # Off unless set; the deploy files set 0.0.0.0:9645 and point the probes at it.
     probe_listen: HostPort | None = None
     mode: str = "gateway"
@@ -191,7 +184,7 @@ class Config:
     telemetry_offer: "TelemetryOffer" = field(default_factory=lambda: _telemetry_offer({}))
     # Capture settings (directory, formats, filters, rotation; see README "Traffic capture"):
     # defaults for captures started through the admin listener, and for capture_autostart.
-    capture: Mapping[str, Any] | None = None
+    capture: CaptureConfig | None = None
     capture_autostart: bool = False
     # This kproxy's name in capture rows (proxy_instance), so captures merged from many
     # sidecars stay apart; the host name (a pod's name in Kubernetes) unless set.
@@ -241,7 +234,7 @@ class Config:
         """routing = "sni": the NodeNames (validated at build); None otherwise."""
         if self.routing != "sni":
             return None
-        from .proxy.sni import NodeNames
+        from .certs.sni import NodeNames
         return NodeNames.parse(self.sni_host_template, self.sni_bootstrap_host)
 
 
@@ -364,7 +357,7 @@ def _tls(key: str, value: Any, cls: type) -> Any:
         path = getattr(tls, name)
         if name.endswith("_file") and path is not None and not Path(path).is_file():
             raise ConfigError(f"{key}.{name}: no such file {path!r}")
-    from .proxy.tls_files import TLSFilesError, check_settings, load
+    from .certs.tls_files import TLSFilesError, check_settings, load
     try:
         check_settings(key, tls)
         load(key, tls)                 # what the files hold, checked once at start as well
@@ -373,9 +366,8 @@ def _tls(key: str, value: Any, cls: type) -> Any:
     return tls
 
 
-def _capture(value: Any) -> dict[str, Any]:
-    """Validate a capture table with the capture module's own rules (it names the bad key)."""
-    from .observers.capture import CaptureConfig
+def _capture(value: Any) -> Mapping[str, Any]:
+    """The capture table (or JSON object from KPROXY_CAPTURE); ``_capture_root`` parses it."""
     if isinstance(value, str):                   # KPROXY_CAPTURE='{"directory": "/var/kproxy"}'
         import json
         try:
@@ -384,17 +376,22 @@ def _capture(value: Any) -> dict[str, Any]:
             raise ConfigError(f"capture: expected a JSON object ({exc})") from None
     if not isinstance(value, Mapping):
         raise ConfigError("capture: expected a table of settings")
+    return value
+
+
+def _parse_capture(table: Mapping[str, Any]) -> CaptureConfig:
+    """The capture table, parsed by the capture module's own rules (it names the bad key)."""
+    from .observers.capture import CaptureConfig
     try:
-        CaptureConfig.from_dict({"directory": "checked-with-capture_root", **value})
+        return CaptureConfig.from_dict(table)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return dict(value)
 
 
 def _capture_root(values: dict[str, Any]) -> None:
-    """Resolve capture_root once (default: the capture table's directory) and put the
-    table's directory inside it: a relative one is taken under the root."""
-    from .observers.capture import CaptureConfig
+    """Resolve capture_root once (default: the capture table's directory), put the
+    table's directory inside it (a relative one is taken under the root) and parse the
+    table into the ``CaptureConfig`` everything else is given."""
     from .observers.capture.files import directory_in_root
     table = values.get("capture")
     configured = values.get("capture_root")
@@ -402,6 +399,8 @@ def _capture_root(values: dict[str, Any]) -> None:
     if derived:
         configured = str(table["directory"])
     if configured is None:
+        if table is not None:
+            values["capture"] = _parse_capture(table)      # names what is wrong (no directory)
         return
     if not configured.strip() or "\x00" in configured:
         raise ConfigError(f"capture_root: expected a directory path, got {configured!r}")
@@ -413,11 +412,11 @@ def _capture_root(values: dict[str, Any]) -> None:
     if os.path.isabs(directory) and os.path.commonpath([os.path.normpath(directory), configured]) == configured:
         directory = os.path.relpath(os.path.normpath(directory), configured)   # as spelt in capture_root
     try:
-        table = values["capture"] = {**table, "directory": directory_in_root(root, directory)}
-        wants_record_data = CaptureConfig.from_dict(table).include_record_data
+        directory = directory_in_root(root, directory)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if wants_record_data and not values.get("capture_allow_record_data"):
+    capture = values["capture"] = _parse_capture({**table, "directory": directory})
+    if capture.include_record_data and not values.get("capture_allow_record_data"):
         raise ConfigError("capture.include_record_data: needs capture_allow_record_data = true as well "
                           "(record keys and values are captured only on that explicit setting)")
 
@@ -680,8 +679,7 @@ def _validate_workers(c: Config) -> None:
         raise ConfigError(f"max_connections: divided among {c.workers} workers, so at least "
                           f"{c.workers}; got {c.max_connections}")
     if c.capture is not None:
-        from .observers.capture import CaptureConfig
-        defaults = CaptureConfig.from_dict({"directory": "checked", **c.capture})
+        defaults = c.capture
         share = defaults.max_total_bytes // c.workers
         if share < defaults.rotate_bytes * len(defaults.formats):
             raise ConfigError(f"capture.max_total_bytes: divided among {c.workers} workers, each "
@@ -739,7 +737,7 @@ def _validate_routing(c: Config) -> None:
     if c.mode == "sidecar" and c.listen[1] == 0:
         raise ConfigError("listen: a sidecar with routing = 'sni' advertises its listen port for "
                           "every node, so sibling sidecars need the same fixed port, not 0")
-    from .proxy.sni import NodeNames
+    from .certs.sni import NodeNames
     try:
         NodeNames.parse(c.sni_host_template, c.sni_bootstrap_host)
     except ValueError as exc:

@@ -7,7 +7,7 @@ answered (all by ``shutdown_timeout``), close the admin port, then the probe por
 ``/readyz`` is also 503 while a broker listener cannot be bound (one line per
 listener says why). ``/healthz`` and ``/readyz`` answer the same on the admin port
 and on the probe port (``probe_listen``: a process of its own reading what the
-event loop posts to the probe board; see ``proxy/probes.py``).
+event loop posts to the probe board; see ``probes/probes.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 from prometheus_client import generate_latest
 
@@ -32,10 +32,10 @@ from .observers.capture import control as capture_control
 from .observers.live import LiveView
 from .observers.metrics import Metrics
 from .observers.telemetry import ClientTelemetry
-from .proxy.admin import AdminServer, SharedRender, metrics_answer
-from .proxy.live_web import LiveRoutes
-from .proxy.probe_board import Board
-from .proxy.probes import LoopHeartbeat, ProbeProcess, Readiness
+from .admin.admin import AdminServer, SharedRender, metrics_answer
+from .admin.live_web import LiveRoutes
+from .probes.probe_board import Board
+from .probes.probes import LoopHeartbeat, ProbeProcess, Readiness
 from .proxy.relay import Observer, worker_ids
 from .proxy.server import Proxy
 
@@ -229,10 +229,12 @@ class Runtime:
         if self.audit is not None:                        # after the drain: every answer is in
             await asyncio.to_thread(self.audit.stop)
 
-    async def run_until_signalled(self) -> None:
-        """Serve until SIGTERM or SIGINT, then shut down gracefully; SIGHUP reloads the
-        TLS files."""
-        stop = asyncio.Event()
+    async def run_until_signalled(self, stop: asyncio.Event | None = None,
+                                  serving: Callable[[], object] | None = None) -> None:
+        """Serve until SIGTERM or SIGINT (or ``stop`` is set), then shut down gracefully;
+        SIGHUP reloads the TLS files. ``serving`` is called once kproxy serves (a worker
+        tells its supervisor). The one serving path of both a process and a worker."""
+        stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -246,8 +248,9 @@ class Runtime:
         gc.collect()
         gc.freeze()
         try:
+            if serving is not None:
+                serving()
             await stop.wait()
-            log.info("signal received: shutting down (up to %gs for in-flight requests)",
-                     self.config.shutdown_timeout)
+            log.info("shutting down (up to %gs for in-flight requests)", self.config.shutdown_timeout)
         finally:
             await self.stop()

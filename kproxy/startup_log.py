@@ -93,11 +93,8 @@ def _proxy_protocol(c: Config) -> str:
 
 
 def _capture(c: Config, bound: Bound) -> str:
-    table = c.capture or {}
-    if bound.capture_active:
-        formats = table.get("formats", "jsonl")
-        formats = ",".join(formats) if isinstance(formats, (list, tuple)) else formats
-        return f"on (capture_autostart) into {table.get('directory')}, formats {formats}"
+    if bound.capture_active and c.capture is not None:
+        return f"on (capture_autostart) into {c.capture.directory}, formats {','.join(c.capture.formats)}"
     if c.capture_root is None:
         return "off; cannot be started (no capture_root)"
     if c.admin_token is None or bound.admin is None:

@@ -22,9 +22,9 @@ The supervisor relays nothing. It:
 - passes SIGHUP on to every worker (each reloads its TLS files; each also watches them);
 - on SIGTERM or SIGINT sends SIGTERM to every worker, which drains as a single
   kproxy does (``shutdown_timeout``), and kills what is left ``STOP_GRACE_S`` later;
-- serves the one admin listener (``kproxy.proxy.worker_admin``): metrics summed
+- serves the one admin listener (``kproxy.admin.worker_admin``): metrics summed
   over the workers, health and readiness of all of them, capture control for all;
-- with ``probe_listen``, starts the probe process (``kproxy.proxy.probes``) on a
+- with ``probe_listen``, starts the probe process (``kproxy.probes``) on a
   probe board of one slot per worker: each worker's event loop posts its heartbeat
   and readiness to its slot, and the supervisor resets a dead worker's slot (its
   last heartbeat would otherwise age into "stalled") until its successor posts.
@@ -51,10 +51,11 @@ import time
 from typing import Any, Mapping
 
 from .config import Config
+from .observers.capture.config import DEFAULT_MAX_TOTAL_BYTES, DEFAULT_PREFIX, CaptureConfig, worker_prefix
 from .proxy.log_budget import LogBudget
-from .proxy.probe_board import Board
-from .proxy.probes import ProbeProcess
-from .proxy.worker_admin import WorkerAdmin, WorkerView
+from .admin.worker_admin import WorkerAdmin, WorkerView
+from .probes.probe_board import Board
+from .probes.probes import ProbeProcess
 
 log = logging.getLogger("kproxy.workers")
 
@@ -74,21 +75,20 @@ RESTART_LOG_INTERVAL_S = 60.0
 # After shutdown_timeout, workers still running get this long before SIGKILL (their own
 # stop closes listeners and capture files after the drain).
 STOP_GRACE_S = 5.0
-DEFAULT_CAPTURE_PREFIX = "kproxy-capture"
 
 
 # ---------------------------------------------------------------- what each worker gets
 
-def capture_settings(settings: Mapping[str, Any] | None, defaults: Mapping[str, Any] | None,
+def capture_settings(settings: Mapping[str, Any] | None, defaults: CaptureConfig | None,
                      index: int, workers: int) -> dict:
-    """One worker's share of a capture: its own file prefix (``<prefix>-w<index>``, so files
-    never collide) and 1/``workers`` of ``max_total_bytes``. A value that is not a number
-    is passed on as it is, for the worker to refuse with its usual message."""
-    from .observers.capture.config import DEFAULT_MAX_TOTAL_BYTES
-    merged = {**(defaults or {}), **(settings or {})}
-    prefix = merged.get("prefix") or DEFAULT_CAPTURE_PREFIX
-    total = merged.get("max_total_bytes", DEFAULT_MAX_TOTAL_BYTES)
-    out = {**(settings or {}), "prefix": f"{prefix}-w{index}"}
+    """One worker's share of a capture started over HTTP (``settings``, the request's body,
+    over the operator's ``defaults``): its own file prefix and 1/``workers`` of
+    ``max_total_bytes``. The body stays as sent: each worker parses it (a value that is not
+    a number is passed on, for the worker to refuse with its usual message)."""
+    settings = settings or {}
+    prefix = settings.get("prefix") or (defaults.prefix if defaults else DEFAULT_PREFIX)
+    total = settings.get("max_total_bytes", defaults.max_total_bytes if defaults else DEFAULT_MAX_TOTAL_BYTES)
+    out = {**settings, "prefix": worker_prefix(prefix, index)}
     out["max_total_bytes"] = total // workers if isinstance(total, int) and not isinstance(total, bool) \
         else total
     return out
@@ -106,9 +106,7 @@ def audit_settings(audit, index: int):
 def worker_config(config: Config, index: int, token: str) -> Config:
     """The config worker ``index`` runs: the operator's, with a private admin listener
     (loopback, any port, a token only the supervisor knows) and its share of the limits."""
-    capture = None
-    if config.capture is not None:
-        capture = capture_settings(config.capture, None, index, config.workers)
+    capture = config.capture.for_worker(index, config.workers) if config.capture is not None else None
     return dataclasses.replace(config, admin_listen=("127.0.0.1", 0), admin_token=token,
                                probe_listen=None,          # the supervisor answers probes
                                audit=audit_settings(config.audit, index),
@@ -139,11 +137,9 @@ def _worker_main(config: Config, index: int, pipe, probe_board: Board | None) ->
 
 
 async def _serve(runtime, pipe) -> None:
+    """A worker serves as a single kproxy does, and also stops when its supervisor is gone."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, runtime.proxy.reload_tls)
 
     def supervisor_gone():
         # The supervisor never writes: the pipe turns readable only when it has gone.
@@ -151,14 +147,7 @@ async def _serve(runtime, pipe) -> None:
         logging.getLogger("kproxy").warning("the supervisor is gone: stopping")
         stop.set()
     loop.add_reader(pipe.fileno(), supervisor_gone)
-    await runtime.start()
-    pipe.send(("serving", runtime.admin.address[1]))
-    try:
-        await stop.wait()
-        logging.getLogger("kproxy").info("stopping: draining (up to %gs for in-flight requests)",
-                                         runtime.config.shutdown_timeout)
-    finally:
-        await runtime.stop()
+    await runtime.run_until_signalled(stop, lambda: pipe.send(("serving", runtime.admin.address[1])))
 
 
 # ---------------------------------------------------------------- the supervisor

@@ -44,7 +44,8 @@ def test_a_fresh_run_loads_no_codec_library_capture_writer_or_pipeline():
 def test_the_first_batch_that_needs_a_codec_library_still_decodes():
     code = START + textwrap.dedent("""
         from kproxy.protocol.errors import DecodeError
-        from kproxy.protocol.records import Record, build_batch, split_batches
+        from kproxy.protocol.record_encoder import build_batch
+        from kproxy.protocol.records import Record, split_batches
         sent = [Record(0, 1_700_000_000_000, b"k", b"v" * 100, ())]
         # A corrupt payload before any library is loaded: the error classes load then.
         gzip = bytearray(build_batch(sent, "gzip"))

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kproxy import config as config_module
 from kproxy.config import ConfigError
 from kproxy.observers.metrics import ExpositionMerger
+from kproxy.observers.capture import CaptureConfig
 from kproxy.workers import capture_settings, worker_config
 
 
@@ -102,7 +103,7 @@ def test_a_real_exposition_merges_into_valid_text():
 
 
 def test_each_worker_gets_its_own_capture_files_and_a_share_of_the_disk_cap():
-    defaults = {"directory": "/captures", "max_total_bytes": 1_000_000_000}
+    defaults = CaptureConfig(directory="/captures", max_total_bytes=1_000_000_000)
     assert capture_settings({"formats": ["parquet"]}, defaults, 1, 4) == {
         "formats": ["parquet"], "prefix": "kproxy-capture-w1", "max_total_bytes": 250_000_000}
     assert capture_settings({"prefix": "audit", "max_total_bytes": 600}, None, 0, 2) == {
@@ -149,10 +150,45 @@ def test_workers_from_the_environment():
 
 
 def test_a_worker_gets_its_share_of_the_buffer_budget_and_connection_ids_apart(monkeypatch):
-    from kproxy.proxy import relay
+    from kproxy.proxy import memory, relay
     monkeypatch.setattr(relay, "_ids", relay._ids)                # restored after the test
     monkeypatch.setattr(relay, "_worker_processes", 1)
-    monkeypatch.setattr(relay, "CONTAINER_MEMORY_LIMIT_FILES", ())
+    monkeypatch.setattr(memory, "_budget_shares", 1)
+    monkeypatch.setattr(memory, "CONTAINER_MEMORY_LIMIT_FILES", ())
     relay.run_as_worker(1, 4)
-    assert relay.buffer_budget_limit() == relay.DEFAULT_BUFFER_BUDGET // 4
+    assert memory.buffer_budget_limit() == memory.DEFAULT_BUFFER_BUDGET // 4
     assert [next(relay._ids) for _ in range(3)] == [2, 6, 10]     # worker 1 of 4: never 1, 3, 4, 5 ...
+
+
+# A worker's body (``_serve``) with a real Runtime in a fresh interpreter: the pipe reports
+# what the garbage collector froze once the worker serves, then stops it as SIGTERM would.
+WORKER_SERVES = """
+import asyncio, gc, os, signal
+from kproxy import config
+from kproxy.runtime import Runtime
+from kproxy.workers import _serve
+
+class Pipe:
+    def __init__(self):
+        self.read, self.write = os.pipe()
+    def fileno(self):
+        return self.read
+    def send(self, message):
+        print(message[0], gc.get_freeze_count(), flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+runtime = Runtime(config.load(overrides={"upstream": "127.0.0.1:1", "listen": "127.0.0.1:0",
+                                         "broker_port_base": 0, "admin_listen": "127.0.0.1:0"}))
+asyncio.run(_serve(runtime, Pipe()))
+print("stopped", flush=True)
+"""
+
+
+def test_a_worker_freezes_its_start_up_objects_as_a_single_kproxy_does():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", WORKER_SERVES], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    serving, stopped = out.stdout.split("\n")[:2]
+    assert serving.split()[0] == "serving" and int(serving.split()[1]) > 10_000    # the schema tables alone
+    assert stopped == "stopped"

@@ -49,7 +49,8 @@ from typing import Any, Iterator, Mapping
 
 from ..protocol.client_software import ClientSoftware, software_named
 from ..protocol.connection import RequestReceived, ResponseReceived
-from ..protocol.pair_fields import API_VERSIONS
+from ..protocol.api_keys import ApiKey
+from .contract import CloseCause
 from .capture.filters import CaptureFilter, header_client_id
 from .capture.jsonl import json_form
 from .capture.pcapng import stream_file
@@ -334,14 +335,14 @@ class LiveView:
             self._learn_client_id(info, events)
         if not self.watched:                 # the inventory only: a connection's software
             for event in events:
-                if event.__class__ is ResponseReceived and event.request_event.api_key == API_VERSIONS:
+                if event.__class__ is ResponseReceived and event.request_event.api_key == ApiKey.API_VERSIONS:
                     self._learn_software(info, event)
             return
         for event in events:
             cls = event.__class__
             if cls is ResponseReceived:
                 request = event.request_event
-                if request.api_key == API_VERSIONS:
+                if request.api_key == ApiKey.API_VERSIONS:
                     self._learn_software(info, event)
                 self._put(info, request, event)
             elif cls is RequestReceived and not event.expects_response:
@@ -355,7 +356,7 @@ class LiveView:
         self._clients[info.id] = _Client(info)
         self._learning.add(info.id)
 
-    def connection_closed(self, info, reason: str | None = None, in_flight: int | None = None) -> None:
+    def connection_closed(self, info, reason: CloseCause | None = None, in_flight: int | None = None) -> None:
         self._learning.discard(info.id)
         client = self._clients.pop(info.id, None)
         if client is not None:

@@ -37,15 +37,16 @@ from prometheus_client.utils import floatToGoString
 
 from .. import __version__
 from ..protocol import API_KEYS, SCHEMA_SOURCES, OpaqueBody, api_name, error_name, is_removed, schema
-from ..protocol.connection import (WRONG_PROTOCOLS, MalformedFrame, RequestReceived,
-                                   ResponseReceived, SaslTokenPassed)
+from ..protocol.connection import MalformedFrame, RequestReceived, ResponseReceived, SaslTokenPassed
 from ..protocol.client_software import software_named
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, count_batches
-from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
+from ..protocol.api_keys import ApiKey
+from ..protocol.sasl import SaslPrincipal
 from ..protocol.walk import error_codes, error_walker
 from ..protocol.tls_failures import HANDSHAKE_FAILURES
 from ..protocol.proxy_header import REFUSAL_REASONS as PROXY_HEADER_REFUSALS
+from .contract import CloseCause, CloseKind
 
 # Request-to-response time: sub-millisecond local answers up to Fetch/JoinGroup waits.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -85,10 +86,13 @@ MEMBER_STALE_SECONDS = 120.0
 # KIP-848 member ids remembered per group (the members gauge counts at most this many).
 MAX_MEMBERS_PER_GROUP = 10_000
 
-FETCH_KEYS = (1, 78)      # Fetch, ShareFetch: long-poll until data or max.wait.ms
-FETCH_KEY = 1
-METADATA_KEY = 3
-PRODUCE_KEY = 0
+# Compared per event: plain int globals (an ApiKey attribute lookup costs ~4 global
+# reads, and an int compares with an int faster than with an IntEnum member).
+FETCH_KEYS = frozenset(map(int, (ApiKey.FETCH, ApiKey.SHARE_FETCH)))   # long-poll until data or max.wait.ms
+_FETCH, _METADATA, _PRODUCE, _API_VERSIONS = map(int, (ApiKey.FETCH, ApiKey.METADATA, ApiKey.PRODUCE,
+                                                       ApiKey.API_VERSIONS))
+_JOIN_GROUP, _SYNC_GROUP, _LEAVE_GROUP = map(int, (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP))
+_SASL_KEYS = frozenset(map(int, (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)))
 FETCH_BY_TOPIC_ID = 13    # Fetch v13+ names topics by id, not name
 READ_COMMITTED = 1        # Fetch isolation_level: the consumer reads only up to the last stable offset
 # Fetch positions kept per connection (consumer lag). A broker leads a few thousand partitions
@@ -96,8 +100,6 @@ READ_COMMITTED = 1        # Fetch isolation_level: the consumer reads only up to
 MAX_LAG_PARTITIONS_PER_CONNECTION = 100_000
 # Topic id -> name pairs learnt from Metadata answers (Fetch v13+ names topics by id only).
 MAX_TOPIC_IDS = 100_000
-API_VERSIONS_KEY = 18
-JOIN_GROUP_KEY, SYNC_GROUP_KEY, LEAVE_GROUP_KEY = 11, 14, 13
 # Member heartbeats of the KIP-848 style protocols (response member_epoch) -> protocol label.
 EPOCH_HEARTBEATS = {API_KEYS[name]: protocol for name, protocol in (
     ("ConsumerGroupHeartbeat", "consumer"), ("ShareGroupHeartbeat", "share"),
@@ -106,27 +108,11 @@ EPOCH_HEARTBEATS = {API_KEYS[name]: protocol for name, protocol in (
 # one): their errors below mean "rejoin the group".
 GENERATION_APIS = frozenset(API_KEYS[name] for name, columns in PAIR_FIELDS.items()
                             if "generation" in columns and name in API_KEYS)
-GROUP_RESPONSE_KEYS = GENERATION_APIS | {LEAVE_GROUP_KEY}
+GROUP_RESPONSE_KEYS = GENERATION_APIS | {_LEAVE_GROUP}
 REJOIN_ERRORS = ("REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION",
                  "FENCED_MEMBER_EPOCH")
 REJOIN_ERROR_CODES = frozenset(code for code, name in schema.ERROR_NAMES.items() if name in REJOIN_ERRORS)
-CLOSE_REASONS = ("client_closed", "broker_closed", "frame_too_large", "rewrite_failed",
-                 "idle_timeout", "shutdown", "socket_error", "upstream_unreachable",
-                 "max_connections", "fd_limit", "request_deadline", "untrackable_request", "unpaired_response",
-                 *WRONG_PROTOCOLS, "proxy_protocol", "other")
-# Connections refused for their PROXY protocol header (or its absence): closed with this
-# reason; kproxy_proxy_protocol_refused_total says which refusal.
-PROXY_PROTOCOL_CLOSE_REASON = "proxy_protocol"
-# Misconfigurations are told apart first: their messages name the mistake, not a frame size.
-_CLOSE_NEEDLES = tuple((phrase.lower(), cause) for cause, phrase in WRONG_PROTOCOLS.items()) + (
-    ("client closed", "client_closed"), ("broker closed", "broker_closed"),
-    ("frame of", "frame_too_large"), ("rewrite failed", "rewrite_failed"),
-    ("idle", "idle_timeout"), ("shutting down", "shutdown"),
-    ("unreachable", "upstream_unreachable"),
-    ("max_connections", "max_connections"), ("open file limit", "fd_limit"),
-    ("socket error", "socket_error"),
-    ("request not complete", "request_deadline"), ("cannot tell whether", "untrackable_request"),
-    ("broker response with correlation id", "unpaired_response"))
+CLOSE_REASONS = tuple(kind.label for kind in CloseKind)
 
 
 # Why a broker listener could not be bound (errno -> reason label; anything else is "other").
@@ -144,15 +130,6 @@ TLS_RELOAD_OUTCOMES = ("success", "failure")
 # sidecar) another node's name, or (a gateway) a broker name of a node the cluster does not
 # have: one label for all such nodes, so names a client makes up cannot grow /metrics.
 SNI_REFUSAL_REASONS = ("unknown_name", "no_name", "other_node", "unknown_node")
-
-
-def close_reason_label(reason: str) -> str:
-    """Fold a free-text close reason into the fixed set (bounded label values)."""
-    text = reason.lower()
-    for needle, label in _CLOSE_NEEDLES:
-        if needle in text:
-            return label
-    return "other"
 
 
 class BoundedLabel:
@@ -491,9 +468,9 @@ class Metrics:
             return
         if self.client_id_label is not None:
             self.client_requests.labels(self.client_id_label(request.client_id)).inc()
-        if event.api_key == JOIN_GROUP_KEY:
+        if event.api_key == _JOIN_GROUP:
             self._join_requested(request.body, event.time)
-        if event.api_key == PRODUCE_KEY:
+        if event.api_key == _PRODUCE:
             for topic in request.body.topic_data:
                 for partition in topic.partition_data:
                     nbytes = self._count_batches(partition.records, self._produce_totals)
@@ -530,11 +507,11 @@ class Metrics:
         fetched = 0
         if api_key in FETCH_KEYS:
             fetched = self._fetched(body)
-            if api_key == FETCH_KEY and self.consumer_lag:
+            if api_key == _FETCH and self.consumer_lag:
                 self._fetch_answered(event, info, body)
-        elif api_key == METADATA_KEY:
+        elif api_key == _METADATA:
             self._learn_topic_ids(body)
-        elif api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY) \
+        elif api_key in _SASL_KEYS \
                 and self.principal_label is not None and info is not None:
             self._sasl_answered(event, info, body)
         if series.long_poll is not None and fetched == 0:
@@ -557,7 +534,7 @@ class Metrics:
             self._error_child(series.name, code).inc()
         if api_key in GROUP_RESPONSE_KEYS:
             self._group_response(event, series.name, body, codes)
-        elif api_key == API_VERSIONS_KEY:
+        elif api_key == _API_VERSIONS:
             self._software_named(event, info, body)
 
     def _fetched(self, body) -> int:
@@ -660,9 +637,9 @@ class Metrics:
         if getattr(body, "error_code", 0):
             return
         key = event.api_key
-        if key == JOIN_GROUP_KEY:
+        if key == _JOIN_GROUP:
             self._joined(state, body, fields["generation"], event.request_event.time)
-        elif key == SYNC_GROUP_KEY:
+        elif key == _SYNC_GROUP:
             if fields["generation"] == state.generation and state.round_start is not None:
                 state.synced += 1
                 if state.expected and state.synced >= state.expected:   # the last member synced
@@ -671,7 +648,7 @@ class Metrics:
                         histogram = histogram.labels(state.label)
                     histogram.observe(max(0.0, event.time - state.round_start))
                     state.round_start = None
-        elif key == LEAVE_GROUP_KEY:
+        elif key == _LEAVE_GROUP:
             leaving = getattr(request.body, "members", None)
             state.classic_members = max(0, state.classic_members - (len(leaving) if leaving else 1))
         elif key in EPOCH_HEARTBEATS:
@@ -848,19 +825,19 @@ class Metrics:
         self._conn_software[info.id] = (UNKNOWN_SOFTWARE, self._unknown_software)
         self._unknown_software.inc()
 
-    def connection_closed(self, info, reason: str = "", in_flight: int = 0) -> None:
+    def connection_closed(self, info, reason: CloseCause, in_flight: int = 0) -> None:
         self.connections_open.labels(info.listener).dec()
         software = self._conn_software.pop(info.id, None)
         if software is not None:
             software[1].dec()
         self._fetch_positions.pop(info.id, None)
         self._principals.pop(info.id, None)
-        self.connections_closed.labels(info.listener, close_reason_label(reason)).inc()
+        self.connections_closed.labels(info.listener, reason.label).inc()
 
-    def connection_refused(self, listener: str, reason: str) -> None:
+    def connection_refused(self, listener: str, reason: CloseCause) -> None:
         """Accepted, then closed before it was proxied (upstream unreachable, limits, shutdown)."""
         self.connections_opened.labels(listener).inc()
-        self.connections_closed.labels(listener, close_reason_label(reason)).inc()
+        self.connections_closed.labels(listener, reason.label).inc()
 
     def tls_handshake_failed(self, cause: str) -> None:
         self.tls_handshake_failures.labels(cause if cause in HANDSHAKE_FAILURES else "other").inc()
@@ -875,7 +852,7 @@ class Metrics:
         """A PROXY protocol listener closed a connection for its header (or the lack of one)."""
         self.proxy_header_refusals.labels(reason if reason in PROXY_HEADER_REFUSALS else "malformed").inc()
         self.connections_opened.labels(listener).inc()
-        self.connections_closed.labels(listener, PROXY_PROTOCOL_CLOSE_REASON).inc()
+        self.connections_closed.labels(listener, CloseKind.PROXY_PROTOCOL.label).inc()
     def tls_certificate_loaded(self, side: str, not_after: float | None) -> None:
         for outcome in TLS_RELOAD_OUTCOMES:
             self.tls_reloads.labels(side, outcome)

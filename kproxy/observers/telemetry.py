@@ -29,11 +29,13 @@ from ..protocol.client_software import ClientSoftware, software_named
 from ..protocol.client_telemetry import (GET_TELEMETRY_SUBSCRIPTIONS_KEY, PUSH_TELEMETRY_KEY,
                                          ClientMetric, LatencySplit, client_latencies, decode_push)
 from ..protocol.connection import RequestReceived, ResponseReceived
-from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
+from ..protocol.api_keys import ApiKey
+from ..protocol.sasl import SaslPrincipal
 from .capture.filters import header_client_id
 
-PRODUCE_KEY = 0
-API_VERSIONS_KEY = 18
+# Plain ints: compared per event (see api_keys.py).
+_PRODUCE, _API_VERSIONS = int(ApiKey.PRODUCE), int(ApiKey.API_VERSIONS)
+_SASL_KEYS = (int(ApiKey.SASL_HANDSHAKE), int(ApiKey.SASL_AUTHENTICATE))
 # Kafka's default push interval (ClientMetrics interval.ms: 5 minutes).
 DEFAULT_PUSH_INTERVAL_S = 300.0
 # An instance not heard from for this many push intervals has gone (a client pushes every
@@ -109,7 +111,7 @@ class ClientTelemetry:
             if event.__class__ is not ResponseReceived:
                 continue
             key = event.request_event.api_key
-            if key == PRODUCE_KEY:
+            if key == _PRODUCE:
                 if not self._windows:
                     continue
                 window = self._windows.get((info.client[0], header_client_id(event.request_event.frame)))
@@ -120,12 +122,12 @@ class ClientTelemetry:
                 self._pushed(info, event)
             elif key == GET_TELEMETRY_SUBSCRIPTIONS_KEY:
                 self._subscribed(event)
-            elif key == API_VERSIONS_KEY:
+            elif key == _API_VERSIONS:
                 named = software_named(event)
                 connection = self._connections.get(info.id)
                 if named is not None and connection is not None:
                     connection.software = named
-            elif key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY):
+            elif key in _SASL_KEYS:
                 self._sasl(info, event)
 
     def _sasl(self, info, event: ResponseReceived) -> None:

@@ -25,15 +25,14 @@ from pyspark.sql import functions as F
 
 from .. import __version__
 from . import tables as T
+from .tables import REPORT_ROWS, WORST_P99_MIN_REQUESTS
 from .source import Inputs, InputError, load_capture
 
-REPORT_ROWS = 200                 # rows of one table the report (and summary) collect, at most
 # Tables the report plots over time get all their rows up to this: one row per window
 # and API (or group), so a day at one-minute windows and a dozen APIs fits.
 PLOTTED_TABLES = ("series", "group_members")
 PLOTTED_REPORT_ROWS = 50_000
 SUMMARY_TOP = 5                   # top errors listed in summary.json
-WORST_P99_MIN_REQUESTS = 20       # an API needs this many pairs before its p99 can be "the worst"
 PROGRESS_POLL_S = 2.0             # how often a long stage reports its tasks
 PROGRESS_QUIET_S = 5.0            # stages shorter than this print only their result
 PROGRESS_REPEAT_S = 15.0          # a stage whose task counts stand still still says it is alive

@@ -1,6 +1,6 @@
 """The report: one self-contained HTML page, and its plots as PNG files.
 
-``write_report`` gets the job's small tables (at most ``job.REPORT_ROWS`` rows
+``write_report`` gets the job's small tables (at most ``tables.REPORT_ROWS`` rows
 each, plain dicts) and ``summary.json``'s dict, and writes ``report.html``
 plus ``plots/*.png``. The page fetches nothing: CSS is inline, plots are
 base64 data URIs, there are no fonts, scripts or links to other sites, so it
@@ -39,7 +39,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from . import tables as T
-from .job import REPORT_ROWS, WORST_P99_MIN_REQUESTS
+from .tables import REPORT_ROWS, WORST_P99_MIN_REQUESTS
 
 PLOT_DPI = 100                  # 800 px wide plots: sharp enough; 10-200 KB each (measured)
 PLOT_WIDTH_IN = 8.0             # fits the page's text column without scaling

@@ -23,6 +23,9 @@ from pyspark.sql import functions as F
 from ..protocol import schema as kafka_schema
 from ..protocol.client_telemetry import NODE_REQUEST_LATENCY_AVG, RECORD_QUEUE_TIME_AVG, REQUEST_LATENCY_AVG
 
+# Shared by the job and the report (which shows what the job collected):
+REPORT_ROWS = 200                 # rows of one table the report (and summary) collect, at most
+WORST_P99_MIN_REQUESTS = 20       # an API needs this many pairs before its p99 can be "the worst"
 PERCENTILE_ACCURACY = 10_000        # Spark's default; rank error <= n / 10,000
 # Anomalies: a window is compared with its own API's series. It stands out when it
 # exceeds the series' median by ANOMALY_SPREADS robust spreads (1.4826 x median

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .pair_fields import API_VERSIONS, pair_fields
+from .api_keys import ApiKey
+from .pair_fields import pair_fields
 
 FIRST_NAMING_VERSION = 3          # ApiVersions v3+ requests carry the software's name and version
 
@@ -34,7 +35,7 @@ def software_named(response) -> ClientSoftware | None:
     """The client software a ResponseReceived makes its connection's from now on: an
     ApiVersions v3+ that the broker accepted and that names it; None for any other pair."""
     request = response.request_event
-    if request.api_key != API_VERSIONS or request.api_version < FIRST_NAMING_VERSION:
+    if request.api_key != ApiKey.API_VERSIONS or request.api_version < FIRST_NAMING_VERSION:
         return None
     answer = response.response
     if answer is None or answer.is_opaque or answer.body.__dict__.get("error_code"):
@@ -42,7 +43,7 @@ def software_named(response) -> ClientSoftware | None:
     decoded = request.request
     if decoded is None or decoded.is_opaque:
         return None
-    fields = pair_fields(API_VERSIONS, decoded.body, None)
+    fields = pair_fields(ApiKey.API_VERSIONS, decoded.body, None)
     if not fields["client_software_name"]:
         return None
     return ClientSoftware(fields["client_software_name"], fields["client_software_version"] or "")

@@ -18,11 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .api_keys import ApiKey
 from .errors import DecodeError
 from .records import decompress
 
-GET_TELEMETRY_SUBSCRIPTIONS_KEY = 71
-PUSH_TELEMETRY_KEY = 72
+# Plain ints: compared per pair on the observers' path (see api_keys.py).
+GET_TELEMETRY_SUBSCRIPTIONS_KEY = int(ApiKey.GET_TELEMETRY_SUBSCRIPTIONS)
+PUSH_TELEMETRY_KEY = int(ApiKey.PUSH_TELEMETRY)
 TELEMETRY_KEYS = frozenset({GET_TELEMETRY_SUBSCRIPTIONS_KEY, PUSH_TELEMETRY_KEY})
 # A push inflates to at most this: the broker's default telemetry_max_bytes is 1 MiB
 # (compressed); OTLP from one client is a few KiB (a producer: ~1.5 KiB, 10 metrics).

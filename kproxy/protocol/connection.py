@@ -40,6 +40,7 @@ from collections import deque
 from typing import Callable
 
 from . import schema
+from .api_keys import ApiKey
 from .errors import DecodeError
 from .messages import Request, Response, decode_request, decode_response
 from .skim import SKIMMED_REQUESTS, SKIMMED_RESPONSES, skim_request, skim_response
@@ -67,8 +68,9 @@ _REQUEST_PREFIX = struct.Struct(">hhi")
 _I16 = struct.Struct(">h")
 
 _CORRELATION_END = 8            # size prefix and correlation id: what pairing needs of a response
-PRODUCE_KEY = 0
-SASL_HANDSHAKE_KEY = 17
+# Compared per frame: plain int globals (an ApiKey attribute lookup costs ~4 global
+# reads, and an int compares with an int faster than with an IntEnum member).
+_PRODUCE, _SASL_HANDSHAKE = int(ApiKey.PRODUCE), int(ApiKey.SASL_HANDSHAKE)
 # Client tokens per SASL exchange when SaslHandshake v0 put the connection in
 # raw-token mode (no SaslAuthenticate framing): the broker answers each one.
 RAW_SASL_ROUNDS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2, "OAUTHBEARER": 1}
@@ -732,7 +734,7 @@ def _produce_acks(frame, version: int) -> tuple[bool, int]:
     only the frame's first bytes, an answer is the whole frame's answer (every check
     passed there passes on the whole); UntrackableRequest then may mean "more bytes".
     """
-    spec = schema.REQUESTS[PRODUCE_KEY]
+    spec = schema.REQUESTS[_PRODUCE]
     if not spec.has_version(version):
         raise UntrackableRequest(f"Produce v{version} is unknown to kproxy: cannot tell "
                                  f"whether the broker answers it")
@@ -757,10 +759,10 @@ def _stream_head(frame) -> int | None:
     if len(frame) < _REQUEST_PREFIX.size:
         return None
     api_key, api_version, _ = _REQUEST_PREFIX.unpack_from(frame, 0)
-    if api_key == SASL_HANDSHAKE_KEY:
+    if api_key == _SASL_HANDSHAKE:
         return None                          # its body names the mechanism (raw SASL follows)
     try:
-        if api_key == PRODUCE_KEY:
+        if api_key == _PRODUCE:
             return _produce_acks(frame, api_version)[1]
         header_version = schema.request_header_version(api_key, api_version)
         if not header_version:
@@ -868,7 +870,7 @@ class Connection:
         """Raw SASL mode, or a SaslHandshake v0 not yet answered: the client's frames may be
         (or become) tokens, which are judged by their whole bytes."""
         return self._raw_sasl_rounds is not None or any(
-            r.api_key == SASL_HANDSHAKE_KEY and r.api_version == 0 for r in self._pending)
+            r.api_key == _SASL_HANDSHAKE and r.api_version == 0 for r in self._pending)
 
     def room(self, direction: str) -> memoryview | None:
         """Where the next read from ``direction`` ("client" or "broker") can land in place:
@@ -935,10 +937,10 @@ class Connection:
         # Every request is answered or makes the broker close the connection, except a
         # Produce with acks=0. (Unknown APIs and versions: the broker answers or closes.)
         expects = True
-        if api_key == PRODUCE_KEY:
+        if api_key == _PRODUCE:
             expects = _produce_acks(frame, api_version)[0]
         event = RequestReceived(frame, api_key, api_version, correlation_id, now, expects, streamed_size)
-        if api_key == SASL_HANDSHAKE_KEY and api_version == 0:
+        if api_key == _SASL_HANDSHAKE and api_version == 0:
             request = event.request
             self._sasl_mechanism = getattr(request.body, "mechanism", None) if request else None
         if expects:
@@ -1102,7 +1104,7 @@ class Connection:
         framer = self._broker
         if framer.large and not framer.decided:
             framer.decided = True
-            if request.api_key != SASL_HANDSHAKE_KEY and self._streams(framer.frame_length):
+            if request.api_key != _SASL_HANDSHAKE and self._streams(framer.frame_length):
                 framer.stream(_CORRELATION_END)
         return _PASS
 
@@ -1136,12 +1138,12 @@ class Connection:
             self._oldest_unanswered(correlation_id)              # raises UnpairedResponse
         request = pending.popleft()
         if not streamed_size and len(frame) >= self._stream_from \
-                and request.api_key != SASL_HANDSHAKE_KEY and not self._held(request) \
+                and request.api_key != _SASL_HANDSHAKE and not self._held(request) \
                 and self._streams(len(frame)):
             # Complete in one read: streamed too, so what observers get does not depend on reads.
             frame, streamed_size = bytes(frame[:4]), len(frame) + 4
         event = ResponseReceived(frame, request, now, streamed_size)
-        if request.api_key == SASL_HANDSHAKE_KEY and request.api_version == 0 \
+        if request.api_key == _SASL_HANDSHAKE and request.api_version == 0 \
                 and len(frame) >= 6 and _I16.unpack_from(frame, 4)[0] == 0:      # error_code: none
             self._raw_sasl_rounds = RAW_SASL_ROUNDS.get(self._sasl_mechanism or "", 0)
             self._raw_sasl_client_tokens = self._raw_sasl_broker_tokens = 0

@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from . import schema
+from .api_keys import ApiKey
 from ._codec import Struct, StructCodec, message_codec, read_uvarint
 from .errors import DecodeError
 
@@ -155,7 +156,7 @@ def decode_response(frame, api_key: int, api_version: int, codec: BodyCodec = me
     try:
         correlation_id, = _CORRELATION.unpack_from(frame, 0)
         pos = 4
-        if api_key == schema.API_VERSIONS_KEY and _api_versions_fallback(frame, pos):
+        if api_key == ApiKey.API_VERSIONS and _api_versions_fallback(frame, pos):
             try:
                 body, trailing = _decode_body(schema.RESPONSES[api_key], 0, frame, pos, codec)
                 if not trailing:

@@ -53,7 +53,6 @@ PAIR_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 PAIR_COLUMNS = ("client_software_name", "client_software_version", "group_id", "member_id", "generation")
 _NO_PAIR_FIELDS = dict.fromkeys(PAIR_COLUMNS)
-API_VERSIONS = API_KEYS["ApiVersions"]
 
 # api key -> ((column, ((reads the response?, (step, ...)), ...)), ...); APIs this
 # schema does not have are left out.

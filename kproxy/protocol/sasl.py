@@ -16,8 +16,8 @@ never exposed by the tracker, so such connections stay unnamed.
 
 from __future__ import annotations
 
-SASL_HANDSHAKE_KEY = 17
-SASL_AUTHENTICATE_KEY = 36
+from .api_keys import ApiKey
+
 # SaslAuthenticate rounds until the broker has checked the client's credentials.
 AUTHENTICATE_ROUNDS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
 # Kafka caps user names nowhere; a longer one is cut (it becomes a label and a column).
@@ -98,11 +98,11 @@ class SaslPrincipal:
     def observe(self, api_key: int, request_body, response_body) -> bool:
         """Follow one pair; True when it completed an exchange and named the principal."""
         failed = getattr(response_body, "error_code", 0) != 0
-        if api_key == SASL_HANDSHAKE_KEY:
+        if api_key == ApiKey.SASL_HANDSHAKE:
             self._mechanism = None if failed else getattr(request_body, "mechanism", None)
             self._candidate, self._rounds = None, 0
             return False
-        if api_key != SASL_AUTHENTICATE_KEY or self._mechanism is None:
+        if api_key != ApiKey.SASL_AUTHENTICATE or self._mechanism is None:
             return False
         if failed:                               # wrong password, unknown user: nobody
             self._mechanism = self._candidate = None

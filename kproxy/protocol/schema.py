@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import _schema
+from .api_keys import ApiKey
 
-API_VERSIONS_KEY = 18          # its response header is always v0 (clients need it before negotiating)
-CONTROLLED_SHUTDOWN_KEY = 7    # its v0 request is the only one with request header v0
 UNSUPPORTED_VERSION = 35       # ApiVersions answers an unsupported version with a v0 body and this code
 
 
@@ -111,7 +110,7 @@ def request_header_version(api_key: int, api_version: int) -> int | None:
     spec = REQUESTS.get(api_key)
     if spec is None or not spec.has_version(api_version):
         return None
-    if api_key == CONTROLLED_SHUTDOWN_KEY and api_version == 0:
+    if api_key == ApiKey.CONTROLLED_SHUTDOWN and api_version == 0:   # the one request header v0
         return 0
     return 2 if spec.is_flexible(api_version) else 1
 
@@ -121,6 +120,6 @@ def response_header_version(api_key: int, api_version: int) -> int | None:
     spec = RESPONSES.get(api_key)
     if spec is None or not spec.has_version(api_version):
         return None
-    if api_key == API_VERSIONS_KEY:
+    if api_key == ApiKey.API_VERSIONS:   # always v0: clients read it before negotiating
         return 0
     return 1 if spec.is_flexible(api_version) else 0

@@ -27,32 +27,32 @@ present are always decoded whole: they are rare, and that keeps their checks.
 from __future__ import annotations
 
 from . import schema
+from .api_keys import ApiKey
 from ._codec import StructCodec, _Compiler, _in, message_codec
 from .messages import Request, Response, decode_request, decode_response
 from .walk import _is_error_field
-
-PRODUCE_KEY, FETCH_KEY, API_VERSIONS_KEY = 0, 1, 18
 
 # (kind, api key) -> the fields a partial body keeps (names as in ``protocol/_schema.py``; a
 # name counts in every struct of the message that has it). Read by ``observers.metrics`` and
 # by the address rewriting (``node_endpoints``).
 SKIMMED: dict[tuple[str, int], frozenset[str]] = {
-    ("request", PRODUCE_KEY): frozenset({
+    ("request", ApiKey.PRODUCE): frozenset({
         "name", "topic_id",                         # the topic (v13+: by id)
         "records"}),
-    ("response", PRODUCE_KEY): frozenset({"throttle_time_ms", "node_endpoints"}),
-    ("request", FETCH_KEY): frozenset({              # a consumer's positions (consumer lag)
+    ("response", ApiKey.PRODUCE): frozenset({"throttle_time_ms", "node_endpoints"}),
+    ("request", ApiKey.FETCH): frozenset({              # a consumer's positions (consumer lag)
         "replica_id", "replica_state", "isolation_level", "session_epoch",
         "topic", "topic_id", "partition", "fetch_offset", "forgotten_topics_data"}),
-    ("response", FETCH_KEY): frozenset({
+    ("response", ApiKey.FETCH): frozenset({
         "throttle_time_ms", "topic", "topic_id", "partition_index", "high_watermark",
         "last_stable_offset", "records", "node_endpoints"}),
     # ~80 API entries nobody but the rewriting (which decodes whole) reads: decoding them for
     # the metrics took ~0.9 ms an answer, and a client may ask as often as it likes.
-    ("response", API_VERSIONS_KEY): frozenset({"throttle_time_ms"}),
+    ("response", ApiKey.API_VERSIONS): frozenset({"throttle_time_ms"}),
 }
-SKIMMED_REQUESTS = frozenset(key for kind, key in SKIMMED if kind == "request")
-SKIMMED_RESPONSES = frozenset(key for kind, key in SKIMMED if kind == "response")
+# Plain ints: looked up per event (an IntEnum member compares slower than an int).
+SKIMMED_REQUESTS = frozenset(int(key) for kind, key in SKIMMED if kind == "request")
+SKIMMED_RESPONSES = frozenset(int(key) for kind, key in SKIMMED if kind == "response")
 
 
 class _PartialCompiler(_Compiler):

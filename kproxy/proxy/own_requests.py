@@ -21,16 +21,15 @@ import time
 from typing import Callable
 
 from ..config import Config
-from ..protocol import API_KEYS, DecodeError, Request, decode_response, encode_request, new_body
+from ..protocol.api_keys import ApiKey
+from ..protocol import DecodeError, Request, decode_response, encode_request, new_body
 from .log_budget import LogBudget
-from .probes import READINESS_CACHE_S
+from ..readiness import READINESS_CACHE_S, READINESS_TIMEOUT_S
 from .relay import HostPort
 from .rewrite import node_addresses
 
 log = logging.getLogger("kproxy.server")
 
-API_VERSIONS_KEY = API_KEYS["ApiVersions"]
-METADATA_KEY = API_KEYS["Metadata"]
 OWN_CLIENT_ID = "kproxy"           # client_id of the requests kproxy itself sends upstream
 # Discovery: a Metadata request for no topics at a version every Kafka from 2.4 to 4.x
 # answers (4.0 removed only v0-3), at most once per interval however many clients wait.
@@ -39,9 +38,8 @@ DISCOVERY_MIN_INTERVAL_S = 1.0
 # A failed discovery is logged once per interval, with how many failures were not.
 DISCOVERY_LOG_INTERVAL_S = 60.0
 # /readyz asks an upstream for ApiVersions (v0: every broker answers it, before any SASL),
-# within this time, and keeps the answer probes.READINESS_CACHE_S.
+# within readiness.READINESS_TIMEOUT_S, and keeps the answer readiness.READINESS_CACHE_S.
 READINESS_API_VERSIONS_VERSION = 0
-READINESS_TIMEOUT_S = 2.0
 # What a failed request of kproxy's own can raise: the broker is unreachable, slow,
 # hung up, speaks TLS differently, or answered something that does not decode.
 _ASK_FAILURES = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError,
@@ -124,9 +122,9 @@ class OwnRequests:
 
     async def _metadata_brokers(self, host: str, port: int) -> list[tuple[int, str, int]]:
         version = DISCOVERY_METADATA_VERSION
-        response = await self.ask(host, port, METADATA_KEY, version,
-                                  new_body("request", METADATA_KEY, version, topics=[]))
-        return node_addresses(METADATA_KEY, version, response.body)
+        response = await self.ask(host, port, ApiKey.METADATA, version,
+                                  new_body("request", ApiKey.METADATA, version, topics=[]))
+        return node_addresses(ApiKey.METADATA, version, response.body)
 
     # ------------------------------------------------------------ readiness
 
@@ -161,8 +159,8 @@ class OwnRequests:
         for host, port in self.candidates():
             try:
                 response = await asyncio.wait_for(
-                    self.ask(host, port, API_VERSIONS_KEY, version,
-                             new_body("request", API_VERSIONS_KEY, version)),
+                    self.ask(host, port, ApiKey.API_VERSIONS, version,
+                             new_body("request", ApiKey.API_VERSIONS, version)),
                     READINESS_TIMEOUT_S)
             except _ASK_FAILURES as exc:
                 errors.append(_failure(host, port, exc))

@@ -31,6 +31,7 @@ from typing import Callable, Iterable
 from ..protocol.proxy_header import (CLOSED, MALFORMED, TIMEOUT, UNTRUSTED_PEER, V1_MAX_BYTES, V2_MAX_BYTES, NeedMore,
                                      ProxyHeader, ProxyHeaderError, parse)
 from .log_budget import LogBudget
+from ..observers.contract import CloseCause, Hook
 from .relay import Endpoint, HostPort, loop_read_arena, notify_hook
 
 log = logging.getLogger("kproxy.proxy_protocol")
@@ -70,7 +71,7 @@ class HeaderGate:
 
     def __init__(self, versions: frozenset[int], networks: Iterable[Network], observers: list,
                  server_ssl: Callable[[], ssl.SSLContext | None],
-                 limit: Callable[[], str | None] = lambda: None):
+                 limit: Callable[[], CloseCause | None] = lambda: None):
         self.versions = versions
         self.networks = tuple(networks)
         self.observers = observers
@@ -86,7 +87,7 @@ class HeaderGate:
                 f"{', '.join(map(str, self.networks))} only")
 
     def refused(self, listener: str, peer: HostPort, reason: str, text: str) -> None:
-        notify_hook(self.observers, "proxy_header_refused", listener, reason)
+        notify_hook(self.observers, Hook.PROXY_HEADER_REFUSED, listener, reason)
         unlogged = self._log.admit((reason, peer[0]))
         if unlogged is None:
             return
@@ -157,7 +158,7 @@ class HeaderReader(asyncio.BufferedProtocol):
         limit = gate.limit()
         if limit is not None:
             self._done = True
-            notify_hook(gate.observers, "connection_refused", self.listener, limit)
+            notify_hook(gate.observers, Hook.CONNECTION_REFUSED, self.listener, limit)
             transport.close()
             return
         if not trusted(self.peer[0], gate.networks):

@@ -49,8 +49,11 @@ not read with ``MAX_IN_FLIGHT_PER_CONNECTION`` requests unanswered, its answers 
 little at a time once they come by the thousand, and its events reach observers a bounded
 step (in number and in time) per turn of the loop.
 
+The arena and the budget are in ``memory`` (one of each per event loop).
+
 Every connection ends in ``Relay.finish`` (the one close path), which records
-the first reason given; ``run_relay`` then logs it and tells the observers.
+the first cause given (a ``CloseCause``: what is counted, what is logged);
+``run_relay`` then logs it and tells the observers.
 """
 
 from __future__ import annotations
@@ -59,35 +62,23 @@ import asyncio
 import itertools
 import logging
 import ssl
-import sys
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, Connection, Event,
                                    ProtocolViolation, ResponseReceived)
-from ..allocator import give_back_memory
 from .local_requests import ClientSplit, LocalAnswers, LocalRequest
+from ..observers.contract import (BROKER_CLOSED, CANCELLED, CLIENT_CLOSED, CLIENT_DONE, UPSTREAM_UNREACHABLE,
+                                  CloseCause, CloseKind, ConnectionInfo, Hook, HostPort, Observer)
 from .log_budget import LogBudget
+from .memory import OVER_BUDGET_READ_BYTES, READ_CHUNK, BufferBudget, ReadArena, loop_buffer_budget, loop_read_arena, share_budget
 from .tls import certificate_subject
 from .unsent import UnsentAnswers
 
 log = logging.getLogger("kproxy.relay")
 
-# Most one read takes (an arena buffer's size). Frames of 1 KiB-record traffic are ~1 MiB
-# (Produce requests up to max.request.size, Fetch answers max.partition.fetch.bytes per
-# partition): reads this big halve the reads, writes and wake-ups per GB against 256 KiB,
-# measured ~15 % less CPU per GB produced. One arena per event loop, so this is per process.
-READ_CHUNK = 1024 * 1024
-# A read is offered at least this much room; a busy arena with less left is replaced.
-MIN_READ_ROOM = 64 * 1024
-# An arena buffer has this much room past one read's worth, so that a frame of about
-# READ_CHUNK (Kafka's 1 MiB defaults, max.request.size and max.partition.fetch.bytes, plus
-# headers) whose first bytes a read brought fits in the buffer they landed in: it is
-# assembled there, and those bytes (a quarter of such a frame) are not copied.
-ARENA_SLACK = 64 * 1024
 WRITE_HIGH_WATER = 1024 * 1024   # stop reading the other side above this much unsent data
 WRITE_LOW_WATER = WRITE_HIGH_WATER // 4   # ... and start again below this
 # Kafka reads one request per connection at a time and answers in order; clients keep a
@@ -116,34 +107,6 @@ PIPELINED_READ_BYTES = 8 * 1024
 # activity). Generous: a 100 MiB frame at 1 MB/s fits; clients time out requests after
 # 30 s by default anyway.
 REQUEST_DEADLINE_S = 120.0
-# Bytes all connections of a process may hold in incomplete frames (each kept whole for
-# the observers) before kproxy stops reading the sides that hold them: backpressure,
-# not an out-of-memory kill. A quarter of the container's memory limit where one is
-# set (the rest: the interpreter, observers' queues, transports' write buffers), else this.
-DEFAULT_BUFFER_BUDGET = 256 * 1024 * 1024
-# While frames and unsent answers pass the budget, a broker is read this much at a time: a
-# connection whose client takes nothing adds at most this past the budget before it is
-# squeezed (see unsent.py), not a whole READ_CHUNK.
-OVER_BUDGET_READ_BYTES = 64 * 1024
-# Of that, what frames assembled in place (a buffer allocated whole when the frame starts,
-# reads landing straight in it) may have allocated and not yet received.
-ASSEMBLY_SHARE = 0.25
-CONTAINER_MEMORY_LIMIT_FILES = ("/sys/fs/cgroup/memory.max",                    # cgroup v2
-                                "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v1
-# Memory freed after a burst stays with the process (frames freed out of order leave holes
-# in the heap that glibc keeps: 2,000 half-frames left RSS at ~315 MB once they closed).
-# When the bytes held in incomplete frames, having reached at least this, fall to a
-# quarter of their peak, the heap's free pages go back to the system: a burst worth a
-# trim. Ordinary traffic holds far less (a few reads per connection in progress).
-TRIM_AFTER_BURST_BYTES = 32 * 1024 * 1024
-# ... once they have stayed down this long (a burst that goes on is not trimmed midway),
-TRIM_QUIET_S = 1.0
-# ... and at most once per this: a trim costs milliseconds (in a worker thread) and the
-# next burst's pages must be faulted in again.
-TRIM_MIN_INTERVAL_S = 10.0
-
-HostPort = tuple[str, int]
-Observer = Callable[["ConnectionInfo", Iterable[Event]], None]
 _ids = itertools.count(1)
 
 
@@ -153,21 +116,6 @@ UNREACHABLE_LOG_CAUSES_PER_INTERVAL = 5
 
 class RewriteFailed(Exception):
     """A response that must be rewritten could not be: the connection closes rather than leak."""
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionInfo:
-    """Who is talking: what observers need to attribute events."""
-    id: int
-    client: HostPort
-    listener: str                 # "bootstrap" or "broker-<node id>"
-    upstream: HostPort
-    node_id: int | None           # upstream node, when the listener is a broker's
-    opened: float | None = None   # wall clock (time.time()) when kproxy accepted the client
-    principal: str | None = None  # the client certificate's subject, when TLS verified one
-    # The peer kproxy accepted (a load balancer) when a PROXY protocol header named the
-    # client; ``client`` is then the header's source.
-    via: HostPort | None = None
 
 
 @dataclass
@@ -210,109 +158,6 @@ def unreachable_log_budget() -> LogBudget:
     minute; the rest are counted in the next line and in
     kproxy_connections_closed_total{reason="upstream_unreachable"}."""
     return LogBudget(UNREACHABLE_LOG_INTERVAL_S, UNREACHABLE_LOG_CAUSES_PER_INTERVAL)
-
-
-# sys.getrefcount of an arena's buffer inside ``ReadArena.room`` when nothing else holds
-# it: the attribute (or the spare list), the local name, the call's argument.
-_UNSHARED_REFS = 3
-# Buffers an arena keeps for reuse once whoever still refers to them (the tracker
-# gathering a large frame out of several reads, a transport that could not send them at
-# once, an observer) lets go: a fresh one costs a zero fill of READ_CHUNK, and a frame
-# spanning reads holds one per read. At most this many (4 MiB) sit unused per event loop.
-ARENA_SPARES = 4
-# Buffers large frames were assembled in (see Connection's ``assemble``), kept for the next
-# ones once nothing refers to them (a fresh one costs a zero fill and page faults), at most
-# this many, and none bigger than FRAME_SPARE_MAX_BYTES (rarer frames are not worth holding).
-FRAME_SPARES = 4
-FRAME_SPARE_MAX_BYTES = 4 * 1024 * 1024
-# A frame is assembled in the read buffer its start landed in only if it takes at least
-# 1/this of that buffer: the buffer is the frame's until it completes, and a 128 KiB frame
-# holding a whole 1 MiB buffer cost 9x its bytes (2,000 clients each sending half of one
-# and stopping: 596 KiB of RSS per connection). Smaller frames get a buffer of their own
-# size (their start copied: less than a read). Kafka's 1 MiB frames still land in place.
-IN_PLACE_MIN_SHARE = 2
-
-
-class ReadArena:
-    """Where reads land: one buffer for every connection of an event loop.
-
-    A read gets the free end of the buffer; its bytes are handed on as a
-    ``memoryview`` of it, which the tracker keeps (large frames are views of
-    the reads they came in) and a transport may keep while it cannot send them
-    yet. The buffer is reused from the start as soon as nothing refers to it
-    any more (the usual case: the other socket took the bytes at once), else
-    the next read goes after the last one, and another buffer is taken when too
-    little is left: a spare that nothing refers to any more, or a fresh one.
-    Bytes are never overwritten while anything can still see them, and never
-    copied to keep them safe. The loop calls ``get_buffer``/``buffer_updated``
-    of one read back to back, so reads of different connections never interleave.
-    """
-
-    __slots__ = ("_buffer", "_offset", "_spares", "_frames")
-
-    def __init__(self):
-        self._buffer: bytearray | None = None
-        self._offset = 0
-        self._spares: list[bytearray] = []      # earlier buffers, still referred to when left
-        self._frames: list[bytearray] = []      # buffers large frames were assembled in
-
-    def room(self) -> memoryview:
-        buffer = self._buffer
-        if buffer is not None and sys.getrefcount(buffer) == _UNSHARED_REFS:
-            self._offset = 0                     # nobody can see earlier reads any more
-        elif buffer is None or len(buffer) - self._offset < MIN_READ_ROOM:
-            buffer = self._buffer = self._another(buffer)
-            self._offset = 0
-        return memoryview(buffer)[self._offset:self._offset + READ_CHUNK]
-
-    def _another(self, full: bytearray | None) -> bytearray:
-        """A buffer nothing refers to: a spare, or a new one; ``full`` becomes a spare."""
-        spares = self._spares
-        free = None
-        for spare in spares:                     # (not enumerate: its tuple is one more reference)
-            if sys.getrefcount(spare) == _UNSHARED_REFS:
-                free = spare
-                break
-        if free is not None:
-            spares[:] = [spare for spare in spares if spare is not free]   # (remove() compares contents)
-        if full is not None:
-            self._spare(full)
-        return free if free is not None else bytearray(READ_CHUNK + ARENA_SLACK)
-
-    def _spare(self, buffer: bytearray) -> None:
-        """Keep ``buffer`` for reuse once nothing refers to it any more."""
-        spares = self._spares
-        if len(spares) >= ARENA_SPARES:
-            spares.pop(0)                        # the oldest: likeliest to be held longest
-        spares.append(buffer)
-
-    def filled(self, nbytes: int) -> None:
-        self._offset += nbytes
-
-    def frame_buffer(self, nbytes: int, start) -> tuple[bytearray, int]:
-        """Where to assemble a large frame of ``nbytes`` whose first bytes, ``start``, the
-        last read brought: the rest of the buffer that read landed in if the frame fits
-        there (no copy; the buffer is then the frame's, and a spare once let go), else a
-        buffer of at least ``nbytes`` (at most twice that) from offset 0: an earlier one
-        nothing refers to any more, or a fresh one (then kept for reuse)."""
-        buffer = self._buffer
-        if (buffer is not None and memoryview(start).obj is buffer
-                and nbytes * IN_PLACE_MIN_SHARE >= len(buffer)):
-            base = self._offset - len(start)     # a read's bytes end where the arena's offset is
-            if base + nbytes <= len(buffer):
-                self._spare(buffer)              # the next read takes another buffer
-                self._buffer = None
-                return buffer, base
-        frames = self._frames
-        for spare in frames:                     # (not enumerate: its tuple is one more reference)
-            if nbytes <= len(spare) <= 2 * nbytes and sys.getrefcount(spare) == _UNSHARED_REFS:
-                return spare, 0
-        buffer = bytearray(nbytes)
-        if nbytes <= FRAME_SPARE_MAX_BYTES:
-            if len(frames) >= FRAME_SPARES:
-                frames.pop(0)
-            frames.append(buffer)
-        return buffer, 0
 
 
 class Endpoint(asyncio.BufferedProtocol):
@@ -397,7 +242,8 @@ class Endpoint(asyncio.BufferedProtocol):
         self.lost = True
         self._room = None
         if self.relay is not None:
-            self.relay.finish(f"socket error: {exc}" if exc else f"{self.side} closed")
+            self.relay.finish(CloseCause(CloseKind.SOCKET_ERROR, f"socket error: {exc}") if exc
+                              else CLIENT_CLOSED if self.side == "client" else BROKER_CLOSED)
 
     def pause_writing(self) -> None:
         if self.peer is not None:
@@ -463,6 +309,7 @@ def run_as_worker(index: int, workers: int) -> None:
     global _ids, _worker_processes, _worker_index
     _worker_processes, _worker_index = workers, index
     _ids = worker_ids()
+    share_budget(workers)
 
 
 def worker_ids() -> Iterator[int]:
@@ -474,169 +321,6 @@ def worker_ids() -> Iterator[int]:
 def id_owner(some_id: int, workers: int) -> int:
     """The index of the worker that handed out ``some_id`` (see ``worker_ids``)."""
     return (some_id - 1) % workers
-
-
-def buffer_budget_limit() -> int:
-    """``DEFAULT_BUFFER_BUDGET``, or a quarter of the container's memory limit if lower;
-    divided among worker processes."""
-    limit = DEFAULT_BUFFER_BUDGET
-    for path in CONTAINER_MEMORY_LIMIT_FILES:
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            limit = min(DEFAULT_BUFFER_BUDGET, int(text) // 4)
-            break
-    return limit // _worker_processes
-
-
-class BufferBudget:
-    """Bytes held in incomplete frames by every connection of one event loop.
-
-    Over the limit, a side whose frame grows stops being read, unless no other
-    side holding a frame is still read: one always proceeds, so frames keep
-    completing and freeing memory. Below the limit every paused side is read
-    again; above it, once no holder is being read, the one holding the most
-    (the likeliest to finish first) is.
-
-    After a burst (``TRIM_AFTER_BURST_BYTES``), free memory goes back to the system.
-    """
-
-    def __init__(self, limit: int, trim: Callable[[], object] = give_back_memory):
-        self.limit = limit
-        self.held = 0
-        self.peak = 0                            # most in use (held + reserved) since the last trim
-        self.trims = 0                           # trims run (for tests and logs)
-        self._trim = trim
-        self._trim_timer: asyncio.TimerHandle | None = None
-        self._last_trim = float("-inf")
-        self.reserved = 0                        # allocated for frames assembled, not arrived yet
-        self._reservations: dict[Endpoint, int] = {}
-        self.reading: set[Endpoint] = set()      # holders still read
-        self.waiting: set[Endpoint] = set()      # holders paused for the budget
-        self.unsent = UnsentAnswers()            # answers clients have not taken (see unsent.py)
-
-    def over_with_answers(self) -> bool:
-        """Whether frames held and answers unsent together pass the limit."""
-        return self.held + self.reserved + self.unsent.total > self.limit
-
-    def update(self, endpoint: Endpoint, held: int) -> None:
-        freed = held < endpoint.held
-        self.held += held - endpoint.held
-        endpoint.held = held
-        if endpoint in self.waiting:             # bytes read just before the pause took hold
-            if not held:
-                self.waiting.discard(endpoint)
-                endpoint.resume("buffer budget")
-        elif not held:
-            self.reading.discard(endpoint)
-        elif self.held > self.limit and any(other is not endpoint for other in self.reading):
-            self.reading.discard(endpoint)
-            self.waiting.add(endpoint)
-            endpoint.pause("buffer budget")
-        else:
-            self.reading.add(endpoint)
-        self._note_peak()
-        if freed:
-            self._release()
-            self._burst_over()
-
-    def admits(self, frame_bytes: int) -> bool:
-        """Whether a large frame may be assembled in a buffer of its own, allocated before its
-        bytes arrive: only while all such allocations stay within ``ASSEMBLY_SHARE`` of the
-        limit. A peer that announces big frames and sends nothing then costs kproxy no more
-        than that, and never pauses anyone (reservations are not ``held``); past it, frames
-        are gathered as they arrive (one more copy of each)."""
-        return self.reserved + frame_bytes <= self.limit * ASSEMBLY_SHARE
-
-    def reserve(self, endpoint: Endpoint, reserved: int) -> None:
-        before = self._reservations.pop(endpoint, 0)
-        self.reserved += reserved - before
-        if reserved:
-            self._reservations[endpoint] = reserved
-        self._note_peak()
-        if reserved < before:
-            self._burst_over()
-
-    @property
-    def in_use(self) -> int:
-        """Frame memory allocated now: bytes arrived plus buffers allocated whole for the rest
-        (what a burst makes the process hold, and so what a trim after it gives back)."""
-        return self.held + self.reserved
-
-    def _note_peak(self) -> None:
-        if self.in_use > self.peak:
-            self.peak = self.in_use
-
-    def forget(self, endpoint: Endpoint) -> None:
-        """The connection closed: its frames are gone."""
-        self.held -= endpoint.held
-        endpoint.held = 0
-        self.reserved -= self._reservations.pop(endpoint, 0)
-        self.reading.discard(endpoint)
-        self.waiting.discard(endpoint)
-        self.unsent.drained(endpoint)
-        self._release()
-        self._burst_over()
-
-    def _burst_over(self) -> None:
-        """Held bytes fell: if a burst is over, give memory back once things stay quiet."""
-        if (self.peak < TRIM_AFTER_BURST_BYTES or self.in_use > self.peak // 4
-                or self._trim_timer is not None):
-            return
-        loop = asyncio.get_running_loop()
-        delay = max(TRIM_QUIET_S, self._last_trim + TRIM_MIN_INTERVAL_S - loop.time())
-        self._trim_timer = loop.call_later(delay, self._trim_now)
-
-    def _trim_now(self) -> None:
-        self._trim_timer = None
-        if self.in_use > self.peak // 4:         # another burst began: trim after it
-            return
-        loop = asyncio.get_running_loop()
-        self.peak = self.in_use
-        self._last_trim = loop.time()
-        self.trims += 1
-        log.debug("giving memory back after a burst (%d bytes still held)", self.held)
-        loop.run_in_executor(None, self._trim)
-
-    def _release(self) -> None:
-        if not self.waiting:
-            return
-        if self.held <= self.limit:
-            resumed, self.waiting = self.waiting, set()
-        elif not self.reading:
-            resumed = {max(self.waiting, key=lambda e: e.held)}
-            self.waiting -= resumed
-        else:
-            return
-        for endpoint in resumed:
-            self.reading.add(endpoint)
-            endpoint.resume("buffer budget")
-
-
-_budgets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # event loop -> its BufferBudget
-
-
-_arenas: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()    # event loop -> its ReadArena
-
-
-def loop_read_arena() -> ReadArena:
-    """The event loop's read arena, shared by all its listeners (reads never interleave)."""
-    loop = asyncio.get_running_loop()
-    arena = _arenas.get(loop)
-    if arena is None:
-        arena = _arenas[loop] = ReadArena()
-    return arena
-
-
-def loop_buffer_budget() -> BufferBudget:
-    loop = asyncio.get_running_loop()
-    budget = _budgets.get(loop)
-    if budget is None:
-        budget = _budgets[loop] = BufferBudget(buffer_budget_limit())
-    return budget
 
 
 @dataclass(eq=False)
@@ -653,7 +337,7 @@ class Relay:
     bytes_from_broker: int = 0
     bytes_to_client: int = 0           # differs from bytes_from_broker where responses were rewritten
     client_done_sending: bool = False  # the client half-closed: deliver what is in flight, then close
-    close_reason: str | None = None
+    close_reason: CloseCause | None = None
     client: Endpoint | None = None
     broker: Endpoint | None = None
     observers: list = field(default_factory=list)
@@ -678,13 +362,13 @@ class Relay:
         if self.client is not None:
             self.client.pause("shutting down")
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: CloseCause) -> None:
         """Close both sockets now (idle timeout, shutdown, limits)."""
         self.finish(reason)
         if self.done is None and self.task is not None:
             self.task.cancel()                   # still connecting upstream
 
-    def finish(self, reason: str) -> None:
+    def finish(self, reason: CloseCause) -> None:
         """The one place a connection ends: keep the first reason, close both sockets
         (gracefully: bytes already written are still sent), wake ``run_relay``."""
         if self.close_reason is None:
@@ -722,7 +406,7 @@ class Relay:
                     self.budget.reserve(endpoint, reserved)
         except Exception as exc:                 # noqa: BLE001 - a bug must close one connection, not the loop
             log.exception("conn=%d relaying failed", self.info.id if self.info else 0)
-            self.finish(f"internal error: {type(exc).__name__}: {exc}")
+            self.finish(CloseCause(CloseKind.OTHER, f"internal error: {type(exc).__name__}: {exc}"))
 
     def _from_client(self, data: memoryview) -> bool:
         """Forward a read from the client; True when it only filled the large request being
@@ -739,7 +423,7 @@ class Relay:
                 reply = getattr(exc, "reply", b"")      # e.g. a TLS alert: tell the client why
                 if reply:
                     self.client.transport.write(reply)
-                self.finish(str(exc))
+                self.finish(CloseCause.of_violation(exc))
                 return False
         if self.split is None:
             self.broker.transport.write(data)
@@ -759,8 +443,8 @@ class Relay:
             self._request_deadline = None
         if partial and self._request_deadline is None:
             self._request_deadline = asyncio.get_running_loop().call_later(
-                REQUEST_DEADLINE_S, self.finish,
-                f"request not complete {REQUEST_DEADLINE_S:g}s after its first byte")
+                REQUEST_DEADLINE_S, self.finish, CloseCause(
+                    CloseKind.REQUEST_DEADLINE, f"request not complete {REQUEST_DEADLINE_S:g}s after its first byte"))
         if events:
             self._observe(events)
         if self._answered:
@@ -845,10 +529,11 @@ class Relay:
         try:
             events, out = tracker.relay_broker(data)
         except ProtocolViolation as exc:
-            self.finish(str(exc))
+            self.finish(CloseCause.of_violation(exc))
             return False
         except RewriteFailed as exc:
-            self.finish(f"rewrite failed, closing rather than leak an address: {exc}")
+            self.finish(CloseCause(CloseKind.REWRITE_FAILED,
+                                   f"rewrite failed, closing rather than leak an address: {exc}"))
             return False
         # A read that brought many answers is followed by small ones, until one brings few:
         # each answer costs work (pairing, maybe rewriting), and one read must not take the
@@ -873,7 +558,7 @@ class Relay:
             if self._answered:
                 self._observe_answered()
         if self.client_done_sending and not tracker.in_flight:
-            self.finish("client closed, its answers delivered")
+            self.finish(CLIENT_DONE)
         return False
 
     def _observe(self, events: list) -> None:
@@ -919,17 +604,17 @@ class Relay:
         if self.close_reason is not None:
             return False
         if endpoint is self.broker:
-            self.finish("broker closed")
+            self.finish(BROKER_CLOSED)
             return False
         if not half_close:
-            self.finish("client closed")
+            self.finish(CLIENT_CLOSED)
             return False
         self.client_done_sending = True
         broker = self.broker.transport
         if broker.can_write_eof() and self._backlog is None:    # else once the backlog is sent
             broker.write_eof()
         if not self.in_flight:
-            self.finish("client closed")
+            self.finish(CLIENT_CLOSED)
             return False
         return True                              # answers still come
 
@@ -937,9 +622,9 @@ class Relay:
 _failed_observers: set[int] = set()
 
 
-def notify_hook(observers: list, hook: str, *args, **kwargs) -> None:
-    """Call an optional lifecycle hook (``connection_opened``, ``connection_closed``,
-    ``connection_refused``) on every observer that has it; failures isolated like events."""
+def notify_hook(observers: list, hook: Hook, *args, **kwargs) -> None:
+    """Call an optional lifecycle hook (see ``Hook``) on every observer that has it;
+    failures isolated like events."""
     for observer in observers:
         method = getattr(observer, hook, None)
         if method is None:
@@ -997,14 +682,14 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
                         "(the same again within %gs is not logged%s)", *peer, policy.name, exc,
                         policy.unreachable_log.interval,
                         f"; {unlogged} earlier refusals were not logged" if unlogged else "")
-        notify_hook(policy.observers, "connection_refused", policy.name, "upstream unreachable")
+        notify_hook(policy.observers, Hook.CONNECTION_REFUSED, policy.name, UPSTREAM_UNREACHABLE)
         client.close()
         return
     except asyncio.CancelledError:
         # Closed (shutdown, idle) while still connecting. End normally: a connection
         # handler that ends cancelled makes asyncio log a traceback as an error.
         log.info("conn client=%s:%d listener=%s closed while connecting upstream: %s",
-                 *peer, policy.name, relay.close_reason or "cancelled")
+                 *peer, policy.name, relay.close_reason or CANCELLED)
         client.close()
         return
     relay.broker = broker
@@ -1036,23 +721,23 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
         endpoint.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
     log.info("conn=%d open client=%s:%d%s listener=%s upstream=%s:%d",
              relay.info.id, *peer, "" if via is None else f" via={via[0]}:{via[1]}", policy.name, *upstream)
-    notify_hook(policy.observers, "connection_opened", relay.info)
+    notify_hook(policy.observers, Hook.CONNECTION_OPENED, relay.info)
     relay.done = asyncio.get_running_loop().create_future()
     broker.link(relay, client)
     client.link(relay, broker)
     try:
         await relay.done
     except asyncio.CancelledError:
-        relay.finish("cancelled")
+        relay.finish(CANCELLED)
     finally:
-        relay.finish("cancelled")                # a no-op unless something above raised
+        relay.finish(CANCELLED)                # a no-op unless something above raised
         relay.observe_the_rest()
         reason = relay.close_reason
         log.info("conn=%d close client=%s:%d reason=%s bytes_client_to_broker=%d "
                  "bytes_broker_to_client=%d bytes_to_client=%d in_flight=%d",
                  relay.info.id, *peer, reason, relay.bytes_from_client,
                  relay.bytes_from_broker, relay.bytes_to_client, relay.in_flight)
-        notify_hook(policy.observers, "connection_closed", relay.info, reason=reason,
+        notify_hook(policy.observers, Hook.CONNECTION_CLOSED, relay.info, reason=reason,
                     in_flight=relay.in_flight)
         # The relay and its endpoints refer to each other: without this the frames its
         # tracker holds would wait for a full garbage collection (2,000 closed

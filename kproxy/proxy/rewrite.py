@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Callable, Collection, Iterator
 
 from ..protocol import Response, Struct, schema
+from ..protocol.api_keys import ApiKey
 
 # (node_id, upstream host, upstream port) -> (host, port) to advertise, or None to keep.
 AddressMapper = Callable[[int, str, int], "tuple[str, int] | None"]
@@ -83,7 +84,7 @@ ADDRESS_BEARING: dict[int, tuple[int, Callable[[Struct, int], Iterator[NodeAddre
 # partition's leader moved: Produce and Fetch, at line rate. Their partial decode
 # (``ResponseReceived.partial``) keeps the endpoints, so it tells whether there is anything
 # to rewrite before the answer is decoded whole.
-ENDPOINTS_ONLY_KEYS = frozenset({0, 1})
+ENDPOINTS_ONLY_KEYS = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
 
 
 def carries_addresses(api_key: int, api_version: int) -> bool:

@@ -59,7 +59,9 @@ from typing import Iterable
 
 from ..config import Config
 from ..protocol import DecodeError, decode_response, encode_response
-from ..protocol.connection import WRONG_PROTOCOLS, RequestReceived, ResponseReceived
+from ..observers.contract import SHUTTING_DOWN, CloseCause, CloseKind, Hook
+from ..protocol.api_keys import ApiKey
+from ..protocol.connection import RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
 from .own_requests import READINESS_TIMEOUT_S, OwnRequests
@@ -69,22 +71,20 @@ from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPoli
 from . import telemetry_offer
 from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
                       rewrite_addresses, withhold_nodes)
-from .sni import BOOTSTRAP, certificate_covers
+from ..certs.sni import BOOTSTRAP, certificate_covers
 from . import undecodable_sni
 from .tls import client_context, server_context
 
 log = logging.getLogger("kproxy.server")
 
-API_VERSIONS_KEY = 18
 CORRELATION_ID_BYTES = 4          # a response frame's first field (ApiVersions' header is always v0)
-METADATA_KEY = 3
-DESCRIBE_CLUSTER_KEY = 60
 CONTROLLER_ENDPOINT_TYPE = 2      # DescribeCluster's EndpointType for "list the controllers"
 # Responses whose addresses are KRaft controller (quorum) listeners, not brokers': Vote,
 # BeginQuorumEpoch, EndQuorumEpoch, DescribeQuorum, FetchSnapshot, UpdateRaftVoter. In
 # combined mode a controller shares its node id with a broker, so learning from them would
 # re-point that broker's listener at the controller port. They are rewritten, not learnt.
-CONTROLLER_ADDRESS_KEYS = frozenset({52, 53, 54, 55, 59, 82})
+CONTROLLER_ADDRESS_KEYS = frozenset({ApiKey.VOTE, ApiKey.BEGIN_QUORUM_EPOCH, ApiKey.END_QUORUM_EPOCH,
+                                     ApiKey.DESCRIBE_QUORUM, ApiKey.FETCH_SNAPSHOT, ApiKey.UPDATE_RAFT_VOTER})
 LISTEN_BACKLOG = 1024             # accept queue per listener; clients burst on rebalances
 IDLE_CHECK_INTERVAL_S = 5.0       # how often idle connections are looked for
 SHUTDOWN_POLL_S = 0.05            # how often shutdown checks for in-flight requests
@@ -436,7 +436,7 @@ class Proxy:
 
     def _refuse_name(self, server_name: str | bytes | None, reason: str, said: str) -> None:
         """Count and log (within a budget) a server name SNI routing refuses."""
-        notify_hook(self.observers, "sni_refused", reason)
+        notify_hook(self.observers, Hook.SNI_REFUSED, reason)
         unlogged = self._sni_log.admit(server_name)
         if unlogged is not None:
             log.warning("refusing a TLS connection: %s (the same again within %gs is not logged%s; "
@@ -490,12 +490,12 @@ class Proxy:
     def _holds(self, api_key: int, api_version: int) -> bool:
         """Whether answers to this (API, version) are held for ``transform`` (``hold``, cached)."""
         return carries_addresses(api_key, api_version) or (
-            api_key == API_VERSIONS_KEY and (self.config.cap_api_versions or self.telemetry_offer is not None))
+            api_key == ApiKey.API_VERSIONS and (self.config.cap_api_versions or self.telemetry_offer is not None))
 
     def transform(self, event: ResponseReceived) -> bytes | None:
         """Rewrite addresses (and cap ApiVersions) in a held response; None keeps it as is."""
         api_key, version = event.api_key, event.api_version
-        if api_key == API_VERSIONS_KEY and (self.config.cap_api_versions or self.telemetry_offer is not None):
+        if api_key == ApiKey.API_VERSIONS and (self.config.cap_api_versions or self.telemetry_offer is not None):
             return self._capped_api_versions(event)
         return self._rewritten(event)
 
@@ -514,7 +514,7 @@ class Proxy:
         if rest is _UNCACHED:
             rest = None
             try:
-                response = decode_response(frame, API_VERSIONS_KEY, version)
+                response = decode_response(frame, ApiKey.API_VERSIONS, version)
             except DecodeError:
                 response = None              # not capped, as a failed decode never was
             changed = response is not None and self.config.cap_api_versions and cap_api_versions(response)
@@ -522,7 +522,7 @@ class Proxy:
                 changed = offer.add_to(event, response) or changed
             if changed:
                 try:
-                    rest = bytes(encode_response(response, API_VERSIONS_KEY, version)[CORRELATION_ID_BYTES:])
+                    rest = bytes(encode_response(response, ApiKey.API_VERSIONS, version)[CORRELATION_ID_BYTES:])
                 except (ValueError, TypeError, OverflowError) as exc:
                     raise RewriteFailed(f"re-encoding ApiVersions v{version}: {exc}") from None
             if len(self._api_versions_answers) >= API_VERSIONS_ANSWERS_CACHED:
@@ -545,10 +545,10 @@ class Proxy:
                                     f"{event.decode_error or 'unknown version'}")
             return None
         changed = False
-        if api_key == METADATA_KEY:
+        if api_key == ApiKey.METADATA:
             self._brokers_listed({n for n, _, _ in node_addresses(api_key, version, response.body)})
         controllers = api_key in CONTROLLER_ADDRESS_KEYS or (
-            api_key == DESCRIBE_CLUSTER_KEY
+            api_key == ApiKey.DESCRIBE_CLUSTER
             and getattr(response.body, "endpoint_type", None) == CONTROLLER_ENDPOINT_TYPE)
         mapper = self.advertise_controller if controllers else self.advertise
         self._left_out.clear()
@@ -601,7 +601,7 @@ class Proxy:
                 client.close()
                 return
             if self.stopping:                # accepted just before the listener closed
-                notify_hook(self.observers, "connection_refused", policy.name, "shutting down")
+                notify_hook(self.observers, Hook.CONNECTION_REFUSED, policy.name, SHUTTING_DOWN)
                 client.close()
                 return
             limit = self._connection_limit()
@@ -613,7 +613,7 @@ class Proxy:
                     log.warning("refusing connection from %s on %s: %s (the same again within %gs "
                                 "is not logged%s)", peer, policy.name, limit, REFUSAL_LOG_INTERVAL_S,
                                 f"; {unlogged} earlier refusals were not logged" if unlogged else "")
-                notify_hook(self.observers, "connection_refused", policy.name, limit)
+                notify_hook(self.observers, Hook.CONNECTION_REFUSED, policy.name, limit)
                 client.close()
                 return
             relay = Relay(task=asyncio.current_task())
@@ -703,7 +703,7 @@ class Proxy:
 
     def _bind_failed(self, node_id: int, address: HostPort, exc: OSError) -> None:
         """Count every failure, log each cause once per episode, keep one retry task."""
-        notify_hook(self.observers, "listener_bind_failed", f"broker-{node_id}", exc)
+        notify_hook(self.observers, Hook.LISTENER_BIND_FAILED, f"broker-{node_id}", exc)
         entry = self.unbound.get(node_id)
         if entry is None:
             entry = self.unbound[node_id] = UnboundListener(node_id, address, exc)
@@ -779,15 +779,16 @@ class Proxy:
 
     # ------------------------------------------------------------ lifecycle
 
-    def _connection_limit(self) -> str | None:
+    def _connection_limit(self) -> CloseCause | None:
         """Why one more connection cannot be taken now, if it cannot (those still sending
         a PROXY protocol header count too: each holds a socket)."""
         taken = len(self.relays) + (len(self._header_gate.pending) if self._header_gate is not None else 0)
         if taken >= self.config.max_connections:
-            return f"max_connections ({self.config.max_connections}) reached"
+            return CloseCause(CloseKind.MAX_CONNECTIONS, f"max_connections ({self.config.max_connections}) reached")
         if self._fd_connections is not None and taken >= self._fd_connections:
-            return (f"the open file limit ({self._fd_limit}) leaves room for {self._fd_connections} "
-                    f"proxied connections (two sockets each); raise it (ulimit -n, LimitNOFILE)")
+            return CloseCause(CloseKind.FD_LIMIT, (
+                f"the open file limit ({self._fd_limit}) leaves room for {self._fd_connections} "
+                f"proxied connections (two sockets each); raise it (ulimit -n, LimitNOFILE)"))
         return None
 
     def _plan_file_descriptors(self) -> None:
@@ -857,7 +858,7 @@ class Proxy:
             now = time.monotonic()
             for relay in list(self.relays):
                 if now - relay.last_active > timeout and relay.in_flight == 0:
-                    relay.close(f"idle for more than {timeout:g}s")
+                    relay.close(CloseCause(CloseKind.IDLE_TIMEOUT, f"idle for more than {timeout:g}s"))
 
     async def stop(self) -> None:
         """Stop accepting and taking new requests; close each connection once its in-flight
@@ -879,10 +880,10 @@ class Proxy:
         while self.relays and time.monotonic() < deadline:
             for relay in list(self.relays):
                 if relay.in_flight == 0:
-                    relay.close("shutting down")
+                    relay.close(SHUTTING_DOWN)
             await asyncio.sleep(SHUTDOWN_POLL_S)
         for relay in list(self.relays):
-            relay.close("shutting down")
+            relay.close(SHUTTING_DOWN)
         if self._reaper is not None:
             self._reaper.cancel()
         undecodable_sni.unwatch(asyncio.get_running_loop())
@@ -906,7 +907,7 @@ class Proxy:
         """A client's TLS handshake failed (before any handler: no address is known here)."""
         if getattr(error, "reason", None) == SNI_CALLBACK_REFUSAL:
             return                                  # refused by SNI routing, said there
-        notify_hook(self.observers, "tls_handshake_failed", cause)
+        notify_hook(self.observers, Hook.TLS_HANDSHAKE_FAILED, cause)
         unlogged = self._tls_log.admit(cause)
         if unlogged is not None:
             log.warning("TLS handshake with a client failed: %s (%s)%s", HANDSHAKE_FAILURES[cause],
@@ -945,11 +946,10 @@ class MisconfigurationLog:
     def __init__(self, clock=time.monotonic):
         self.budget = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL, clock)
 
-    def connection_closed(self, info, reason: str = "", in_flight: int = 0) -> None:
-        cause = next((c for c, phrase in WRONG_PROTOCOLS.items() if reason.startswith(phrase)), None)
-        if cause is None:
+    def connection_closed(self, info, reason: CloseCause, in_flight: int = 0) -> None:
+        if not reason.kind.misconfiguration:
             return
-        unlogged = self.budget.admit((cause, info.client[0]))
+        unlogged = self.budget.admit((reason.kind, info.client[0]))
         if unlogged is not None:
             log.warning("%s:%d on %s: %s%s", *info.client, info.listener, reason,
                         f" ({unlogged} earlier misconfigured connections were not logged)" if unlogged else "")

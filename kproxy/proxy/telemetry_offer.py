@@ -27,8 +27,9 @@ from ..protocol.client_software import ClientSoftware, software_named
 from ..protocol.client_telemetry import GET_TELEMETRY_SUBSCRIPTIONS_KEY, PUSH_TELEMETRY_KEY, TELEMETRY_KEYS
 from ..protocol.connection import RequestReceived, ResponseReceived
 from ..protocol.records import CODEC_NAMES
+from ..protocol.api_keys import ApiKey
 
-API_VERSIONS_KEY = 18
+_API_VERSIONS = int(ApiKey.API_VERSIONS)   # a plain int: compared per event
 DEFAULT_METRICS = ("org.apache.kafka.producer.", "org.apache.kafka.consumer.")
 # Kafka's ClientMetrics interval.ms default is 5 minutes; a minute shows a latency split
 # while it is still news. Kafka accepts 100 ms to 1 hour.
@@ -166,7 +167,7 @@ class TelemetryAnswers:
 
     def __call__(self, info, events) -> None:
         for event in events:
-            if event.__class__ is ResponseReceived and event.request_event.api_key == API_VERSIONS_KEY:
+            if event.__class__ is ResponseReceived and event.request_event.api_key == _API_VERSIONS:
                 named = software_named(event)
                 if named is not None:
                     self._software[info.id] = named

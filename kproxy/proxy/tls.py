@@ -17,7 +17,7 @@ from ..protocol.connection import TLS_HANDSHAKE_FAILURE_ALERT
 from ..protocol.tls_failures import handshake_failure
 
 if TYPE_CHECKING:            # tls_files loads cryptography (~16 MB): only where TLS is configured
-    from .tls_files import Material
+    from ..certs.tls_files import Material
 
 
 class _WatchedSSLObject(ssl.SSLObject):
@@ -82,7 +82,7 @@ def server_context(tls: TLSServer, material: Material | None = None, sni_callbac
     with that alert (SNI routing). ``on_handshake_failure(cause, error)`` hears of every
     client handshake that fails.
     """
-    from .tls_files import load, load_identity
+    from ..certs.tls_files import load, load_identity
     material = material or load("tls_server", tls)
     if on_handshake_failure is None:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -127,7 +127,7 @@ def _escape(value: str) -> str:
 
 def client_context(tls: TLSClient, material: Material | None = None) -> ssl.SSLContext:
     """For upstream connections: verify the broker (hostname too, unless switched off)."""
-    from .tls_files import load, load_identity
+    from ..certs.tls_files import load, load_identity
     material = material or load("tls_client", tls)
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=material.ca_pem)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2

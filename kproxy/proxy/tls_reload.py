@@ -27,8 +27,9 @@ import ssl
 import time
 from typing import Callable
 
+from ..observers.contract import Hook
 from .relay import notify_hook
-from .tls_files import Material, Snapshot, TLSFilesError, file_settings, load, read
+from ..certs.tls_files import Material, Snapshot, TLSFilesError, file_settings, load, read
 
 log = logging.getLogger("kproxy.tls")
 
@@ -61,7 +62,7 @@ class ReloadingContext:
         self._lock = asyncio.Lock()
         self._on_change: list[Callable[[Material], None]] = []
         self.files = sorted(file_settings(tls).values())
-        notify_hook(observers, "tls_certificate_loaded", side, self.material.not_after)
+        notify_hook(observers, Hook.TLS_CERTIFICATE_LOADED, side, self.material.not_after)
         if self.files:
             log.info("TLS %s: %s; watching %s for changes every %gs (and on SIGHUP)", side,
                      self.material.describe(), ", ".join(self.files), POLL_INTERVAL_S)
@@ -100,15 +101,15 @@ class ReloadingContext:
                 material, ctx = await asyncio.to_thread(self._load, snap)
             except (TLSFilesError, ssl.SSLError, ValueError) as exc:
                 self._failed_digest = snap.digest
-                notify_hook(self._observers, "tls_reloaded", self.side, "failure")
+                notify_hook(self._observers, Hook.TLS_RELOADED, self.side, "failure")
                 log.warning("TLS %s: not reloaded (%s): %s; still using the %s loaded at %s", self.side,
                             why, exc, self.material.describe(),
                             time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.loaded_at)))
                 return False
             self.material, self.current, self.loaded_at = material, ctx, time.time()
             self._failed_digest = None
-            notify_hook(self._observers, "tls_reloaded", self.side, "success")
-            notify_hook(self._observers, "tls_certificate_loaded", self.side, material.not_after)
+            notify_hook(self._observers, Hook.TLS_RELOADED, self.side, "success")
+            notify_hook(self._observers, Hook.TLS_CERTIFICATE_LOADED, self.side, material.not_after)
             log.info("TLS %s: reloaded (%s): %s; new handshakes use it, open connections keep theirs",
                      self.side, why, material.describe())
             for callback in self._on_change:

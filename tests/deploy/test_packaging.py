@@ -163,7 +163,7 @@ def test_wheel_holds_the_package_its_data_and_metadata(dists):
         metadata = HeaderParser().parsestr(wheel.read(info).decode())
     missing = tracked_package_files() - names
     assert not missing, f"the wheel lacks {sorted(missing)} (pyproject.toml: [tool.setuptools.package-data])"
-    assert {"kproxy/proxy/web/index.html", "kproxy/pipeline/log4j2.properties"} <= names
+    assert {"kproxy/admin/web/index.html", "kproxy/pipeline/log4j2.properties"} <= names
     assert metadata["Name"] == kproxy.DISTRIBUTION and metadata["Version"] == kproxy.__version__
     assert metadata["License-Expression"] == "Apache-2.0"
     assert info.replace("METADATA", "licenses/LICENSE") in names
@@ -176,7 +176,7 @@ def test_the_bare_venv_has_kproxy_and_its_runtime_dependencies_only(venv, tmp_pa
         import importlib.metadata as metadata, json, os
         import kproxy
         from kproxy.pipeline.cli import LOG4J_CONFIG
-        from kproxy.proxy.live_web import WEB_DIR
+        from kproxy.admin.live_web import WEB_DIR
         print(json.dumps({"file": kproxy.__file__, "version": kproxy.__version__,
                           "installed": metadata.version(kproxy.DISTRIBUTION),
                           "dists": [d.metadata["Name"] for d in metadata.distributions()],
@@ -188,7 +188,7 @@ def test_the_bare_venv_has_kproxy_and_its_runtime_dependencies_only(venv, tmp_pa
     assert found["version"] == found["installed"] == kproxy.__version__
     extras_installed = {canonicalize_name(name) for name in found["dists"]} & extra_requirement_names()
     assert not extras_installed, f"a bare install brought extras: {sorted(extras_installed)}"
-    assert found["web"] == sorted(p.name for p in (REPO / "kproxy" / "proxy" / "web").iterdir())
+    assert found["web"] == sorted(p.name for p in (REPO / "kproxy" / "admin" / "web").iterdir())
     assert found["log4j"]
     assert shutil.which("java", path=bare_env(venv)["PATH"]) is None
 

@@ -16,8 +16,9 @@ import pytest
 from kproxy.observers.capture.parquet import SCHEMA
 from kproxy.protocol import Request, Response, Struct, Uuid, encode_request, encode_response, new_body
 from kproxy.protocol.connection import Connection
-from kproxy.protocol.records import Record, build_batch
-from kproxy.proxy.relay import ConnectionInfo
+from kproxy.protocol.record_encoder import build_batch
+from kproxy.protocol.records import Record
+from kproxy.observers.contract import ConnectionInfo
 from tests.protocol.frames import framed
 
 

@@ -10,9 +10,10 @@ import uuid
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kproxy.observers.contract import CLIENT_CLOSED
 from kproxy.protocol import API_KEYS, Request, Response, encode_request, encode_response, new_body
 from kproxy.protocol.connection import Connection
-from kproxy.proxy.relay import ConnectionInfo
+from kproxy.observers.contract import ConnectionInfo
 from tests.protocol.frames import framed
 
 _ids = itertools.count(1)
@@ -55,7 +56,7 @@ class Client:
         self.answer(wait, **(response or {}))
 
     def close(self):
-        self.metrics.connection_closed(self.info, reason="client closed")
+        self.metrics.connection_closed(self.info, reason=CLIENT_CLOSED)
 
 
 def samples(m, name):

@@ -596,11 +596,11 @@ def test_admin_helpers(capture, tmp_path):
     assert control.capture_status(capture) == (200, capture.status())
     assert capture.status()["state"] == "off"
     root = str(tmp_path)
-    status, body = control.start_capture(capture, {"formats": ["jsonl"]}, defaults={"directory": root},
+    status, body = control.start_capture(capture, {"formats": ["jsonl"]}, defaults=CaptureConfig(directory=root),
                                          root=root)
     assert status == 200 and body["state"] == "running" and body["files"]["jsonl"].startswith(root)
     json.dumps(body)
-    status, body = control.start_capture(capture, {}, defaults={"directory": root}, root=root)
+    status, body = control.start_capture(capture, {}, defaults=CaptureConfig(directory=root), root=root)
     assert status == 409
     assert control.start_capture(Capture(), {"directory": root, "formats": ["x"]}, root=root)[0] == 400
     assert control.parse_json_body(b"[1]")[0] == 400 and control.parse_json_body(b"") == {}

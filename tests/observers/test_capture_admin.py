@@ -408,16 +408,16 @@ def test_capture_root_settings(tmp_path, monkeypatch):
     # The root is resolved once; the table's directory is taken under it.
     config = kconfig.build({"upstream": "b:1", "capture_root": str(tmp_path / "alias"),
                             "capture": {"directory": "team-a"}})
-    assert config.capture_root == str(real) and config.capture["directory"] == str(real / "team-a")
+    assert config.capture_root == str(real) and config.capture.directory == str(real / "team-a")
     config = kconfig.build({"upstream": "b:1", "capture_root": str(tmp_path / "alias"),
                             "capture": {"directory": str(tmp_path / "alias" / "b")}})
-    assert config.capture["directory"] == str(real / "b")
+    assert config.capture.directory == str(real / "b")
     # Without capture_root, the table's directory is the root.
     config = kconfig.build({"upstream": "b:1", "capture": {"directory": str(tmp_path / "alias")}})
-    assert config.capture_root == config.capture["directory"] == str(real)
+    assert config.capture_root == config.capture.directory == str(real)
     monkeypatch.chdir(tmp_path)           # a relative table directory: relative to the process's cwd
     config = kconfig.build({"upstream": "b:1", "capture": {"directory": "alias"}})
-    assert config.capture_root == config.capture["directory"] == str(real)
+    assert config.capture_root == config.capture.directory == str(real)
     assert kconfig.build({"upstream": "b:1"}).capture_root is None
     for table, message in (({"directory": "/etc"}, "outside capture_root"),
                            ({"directory": "../x"}, "'..' is not allowed"),

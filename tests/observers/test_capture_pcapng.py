@@ -153,7 +153,8 @@ def test_scrub_records_zeroes_data_and_keeps_framing(value_size):
     timestamps, header keys and the batch itself stay readable (varints of 1-3 bytes,
     null keys and values larger than the zero block included)."""
     from kproxy.observers.capture.redact import scrub_records
-    from kproxy.protocol.records import Record, build_batch, iter_batches
+    from kproxy.protocol.record_encoder import build_batch
+    from kproxy.protocol.records import Record, iter_batches
 
     sent = [Record(i, 1_700_000_000_000 + i * 1000, None if i % 2 else b"key-%d" % i,
                    b"v" * value_size if i % 3 else None,

@@ -21,7 +21,7 @@ from kproxy.observers.capture.summary import PAIR_COLUMNS, PAIR_FIELDS, build_ro
 from kproxy.protocol import API_KEYS, Request, Response, Struct, encode_request, encode_response, new_body
 from kproxy.protocol import schema
 from kproxy.protocol.connection import Connection
-from kproxy.proxy.relay import ConnectionInfo
+from kproxy.observers.contract import ConnectionInfo
 from tests.observers.captures import (PASSWORD, V2_COLUMNS, V3_COLUMNS, V4_COLUMNS, Link, produce_request, produce_response,
                                       read_jsonl, read_parquet, sasl_plain, v1_rows)
 from tests.protocol.frames import framed

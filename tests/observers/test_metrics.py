@@ -7,12 +7,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kproxy.observers.metrics import (LATENCY_BUCKETS, PREINITIALIZED_APIS, SIZE_BUCKETS, Metrics,
-                                     close_reason_label)
+from kproxy.observers.contract import CLIENT_CLOSED, CloseCause, CloseKind
+from kproxy.observers.metrics import CLOSE_REASONS, LATENCY_BUCKETS, PREINITIALIZED_APIS, SIZE_BUCKETS, Metrics
 from kproxy.protocol import schema
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
-from kproxy.protocol.connection import Connection, UntrackableRequest
-from kproxy.protocol.records import Record, build_batch
+from kproxy.protocol.connection import Connection, FrameTooLarge, UnpairedResponse, UntrackableRequest
+from kproxy.protocol.record_encoder import build_batch
+from kproxy.protocol.records import Record
 from tests.protocol.frames import framed
 
 
@@ -172,7 +173,7 @@ def test_exposition_follows_naming_rules():
     m = Metrics(traffic=lambda: {"from_client": 10, "to_client": 20})
     info = SimpleNamespace(id=1, listener="bootstrap")
     m.connection_opened(info)
-    m.connection_closed(info, reason="client closed", in_flight=0)
+    m.connection_closed(info, reason=CLIENT_CLOSED, in_flight=0)
     text = generate_latest(m.registry).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     ours = [f for name, f in families.items() if name.startswith("kproxy_")]
@@ -187,18 +188,21 @@ def test_exposition_follows_naming_rules():
     assert 'kproxy_connections_open{listener="bootstrap"} 0.0' in text
 
 
-def test_close_reasons_fold_into_a_fixed_set():
-    assert close_reason_label("client closed") == "client_closed"
-    assert close_reason_label("client frame of 200000000 bytes (maximum 104857600)") == "frame_too_large"
-    assert close_reason_label("idle for more than 600s") == "idle_timeout"
-    assert close_reason_label("request not complete 120s after its first byte") == "request_deadline"
-    assert close_reason_label("broker response with correlation id 7, but no request awaits an answer") \
-        == "unpaired_response"
+def test_close_causes_fall_into_a_fixed_set():
+    assert CLIENT_CLOSED.label == "client_closed" and str(CLIENT_CLOSED) == "client closed"
+    with pytest.raises(FrameTooLarge) as large:
+        Connection().receive_client(struct.pack(">i", 200_000_000))
+    assert CloseCause.of_violation(large.value).label == "frame_too_large"
+    assert str(CloseCause.of_violation(large.value)).startswith("client frame of 200000000 bytes")
+    with pytest.raises(UnpairedResponse) as unpaired:
+        Connection().receive_broker(struct.pack(">ii", 4, 7))
+    assert CloseCause.of_violation(unpaired.value).label == "unpaired_response"
     header = struct.pack(">hhih", 0, 99, 1, -1)          # Produce v99: no one can tell if it is answered
     with pytest.raises(UntrackableRequest) as refused:
         Connection().receive_client(struct.pack(">i", len(header)) + header)
-    assert close_reason_label(str(refused.value)) == "untrackable_request"
-    assert close_reason_label("something new") == "other"
+    assert CloseCause.of_violation(refused.value).label == "untrackable_request"
+    assert CLOSE_REASONS == tuple(kind.label for kind in CloseKind) and CLOSE_REASONS[-1] == "other"
+    assert len(set(CLOSE_REASONS)) == len(CLOSE_REASONS) == 19
 
 
 def api_values(m, name):

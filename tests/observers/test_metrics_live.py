@@ -84,7 +84,8 @@ def test_produce_requests_equal_what_librdkafka_counted(proxy):
 def test_bytes_and_counts_equal_what_a_raw_client_moved(proxy):
     """A socket-level witness: exactly the bytes written and read, exactly the requests sent."""
     from kproxy.protocol import Request, Struct, decode_response, encode_request, new_body
-    from kproxy.protocol.records import Record, build_batch
+    from kproxy.protocol.record_encoder import build_batch
+    from kproxy.protocol.records import Record
 
     host, port = proxy.bootstrap.rsplit(":", 1)
     topic = f"raw-{uuid.uuid4().hex[:8]}"

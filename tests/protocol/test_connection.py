@@ -281,7 +281,8 @@ def test_relay_broker_without_holds_returns_the_chunk_itself():
 
 def test_large_held_frames_pass_unchanged_without_copying_the_payload():
     from kproxy.protocol.connection import ZERO_COPY_FRAME_BYTES
-    from kproxy.protocol.records import Record, build_batch
+    from kproxy.protocol.record_encoder import build_batch
+    from kproxy.protocol.records import Record
 
     batch = build_batch([Record(0, 0, None, b"x" * (2 * ZERO_COPY_FRAME_BYTES), ())], "none")
     fetch = response_bytes(1, 16, 1, responses=[Struct(partitions=[

@@ -39,6 +39,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from kproxy.protocol import (Request, Response, Struct, decode_request, decode_response,
                              encode_request, encode_response, new_body, schema)
 from kproxy.protocol._codec import _Compiler, _in
+from kproxy.protocol.api_keys import ApiKey
 from tests.protocol.samples import sample_body
 
 CLIENT_ID = "diff-ü"
@@ -464,7 +465,7 @@ def kp_representable(kind, api_key, body: Struct) -> Struct:
       the error code is non-zero; kproxy (like the Java client) falls back to v0
       only for UNSUPPORTED_VERSION (35) and only if the body fits v0. Use 0.
     """
-    if kind == "response" and api_key == schema.API_VERSIONS_KEY:
+    if kind == "response" and api_key == ApiKey.API_VERSIONS:
         body.error_code = 0
     return body
 
@@ -574,14 +575,14 @@ def test_kproxy_encodes_kafka_python_decodes(kind, api_key, version, cls):
 @pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_api_versions_unsupported_version_fallback_agrees(version):
     """A broker answers an ApiVersions version it lacks with a v0 body and error 35: both read v0."""
-    cls = next(c for k, a, v, c in KP_MESSAGES if (k, a) == ("response", schema.API_VERSIONS_KEY))
-    body = new_body("response", schema.API_VERSIONS_KEY, 0, error_code=35,
+    cls = next(c for k, a, v, c in KP_MESSAGES if (k, a) == ("response", ApiKey.API_VERSIONS))
+    body = new_body("response", ApiKey.API_VERSIONS, 0, error_code=35,
                     api_keys=[Struct(api_key=18, min_version=0, max_version=3)])
-    frame = encode_response(Response(CORRELATION_ID, body, body_version=0), schema.API_VERSIONS_KEY, 0)
-    ours = decode_response(frame, schema.API_VERSIONS_KEY, version)
+    frame = encode_response(Response(CORRELATION_ID, body, body_version=0), ApiKey.API_VERSIONS, 0)
+    ours = decode_response(frame, ApiKey.API_VERSIONS, version)
     assert ours.body_version == 0 and ours.body.error_code == 35
     theirs = cls.decode(frame[4:], version=version)
     assert theirs.version == 0 and theirs.error_code == 35
     assert [(k.api_key, k.min_version, k.max_version) for k in theirs.api_keys] == \
         [(k.api_key, k.min_version, k.max_version) for k in ours.body.api_keys] == [(18, 0, 3)]
-    assert encode_response(ours, schema.API_VERSIONS_KEY, version) == frame
+    assert encode_response(ours, ApiKey.API_VERSIONS, version) == frame

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from kproxy.protocol import (DecodeError, Request, Response, decode_request, decode_response,
                              encode_request, encode_response, schema)
+from kproxy.protocol.record_encoder import _uvarint  # a tagged-field block: uvarint count, tag, size
 from tests.protocol.mutations import mutate
 from tests.protocol.samples import every_message, sample_body
 from tests.soak import run_for
@@ -138,15 +139,6 @@ def test_mutated_valid_frames(index, seed, rounds, as_view):
     rng = random.Random(seed)
     mutant = mutate(rng, frame, rounds)
     check_mutant(rng, kind, api_key, version, memoryview(mutant) if as_view else mutant)
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _flexible_default_frames():

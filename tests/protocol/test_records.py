@@ -26,12 +26,12 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 
 from kproxy.protocol.errors import DecodeError
+from kproxy.protocol.record_encoder import build_batch
 from kproxy.protocol.records import (
     MAX_DECOMPRESSED_BYTES,
     Record,
     RecordBatch,
     TimestampType,
-    build_batch,
     iter_batches,
     split_batches,
 )

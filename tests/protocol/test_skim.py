@@ -16,7 +16,8 @@ from hypothesis import given, settings, strategies as st
 from kproxy.protocol import (DecodeError, Request, Response, Struct, decode_request, decode_response,
                              encode_request, encode_response, schema)
 from kproxy.protocol.connection import Connection
-from kproxy.protocol.records import Record, build_batch, count_batches, iter_batches, CODEC_NAMES
+from kproxy.protocol.record_encoder import build_batch
+from kproxy.protocol.records import Record, count_batches, iter_batches, CODEC_NAMES
 from kproxy.protocol.skim import SKIMMED, skim_request, skim_response
 from kproxy.protocol.walk import error_codes
 from tests.protocol.mutations import mutate

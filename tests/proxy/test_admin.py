@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
-from kproxy.proxy import admin as admin_module
-from kproxy.proxy.admin import AdminServer, ScrapeBusy, SharedRender
+from kproxy.admin import admin as admin_module
+from kproxy.admin.admin import AdminServer, ScrapeBusy, SharedRender
 from tests.proxy.harness import ProxyThread
 
 SHORT_TIMEOUT_S = 0.5          # the listener's read timeout in these tests (default: 5 s)

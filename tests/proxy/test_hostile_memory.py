@@ -27,7 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kproxy.observers import live
-from kproxy.proxy import live_web
+from kproxy.admin import live_web
 from kproxy.proxy.relay import MAX_IN_FLIGHT_PER_CONNECTION, PIPELINED_READ_BYTES, WRITE_HIGH_WATER
 from tests.proxy.harness import KproxyProcess, http_status, rss, wait_for
 from tests.proxy.wire import (API_VERSIONS, FETCH, FETCH_VERSION, RawClient, api_versions_ok, create_topic,
@@ -265,7 +265,7 @@ UNREAD_PER_CLIENT_BYTES = 160 * 1024
 # +27 to +32 MiB at load 40-100; +56 MiB before answers counted against the budget).
 UNREAD_SLACK_BYTES = 20 * 1024 * 1024
 # `kproxy run` with that budget (a constant, read when the event loop's budget is made).
-KPROXY_SMALL_BUDGET = ("import sys; from kproxy.proxy import relay; relay.DEFAULT_BUFFER_BUDGET = %d; "
+KPROXY_SMALL_BUDGET = ("import sys; from kproxy.proxy import memory; memory.DEFAULT_BUFFER_BUDGET = %d; "
                        "from kproxy.cli import main; sys.exit(main(sys.argv[1:]))" % SMALL_BUDGET)
 
 

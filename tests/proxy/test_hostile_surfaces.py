@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.proxy.live_web import MAX_ID_DIGITS
+from kproxy.admin.live_web import MAX_ID_DIGITS
 from tests.proxy.harness import ProxyThread
 
 TOKEN = secrets.token_hex(20)

@@ -9,8 +9,8 @@ import time
 from types import SimpleNamespace
 
 from kproxy.observers.live import ViewerFilter
-from kproxy.proxy.live_merge import REORDER_S, MergedViewer, _Follower
-from kproxy.proxy.worker_admin import WorkerView
+from kproxy.admin.live_merge import REORDER_S, MergedViewer, _Follower
+from kproxy.admin.worker_admin import WorkerView
 
 WORKERS = [WorkerView(0, "serving", 100, 4000), WorkerView(1, "serving", 101, 4001)]
 

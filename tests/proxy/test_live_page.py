@@ -22,7 +22,7 @@ import uuid
 import pytest
 
 from kproxy.observers import live as live_module
-from kproxy.proxy import live_web
+from kproxy.admin import live_web
 from tests.proxy.harness import ProxyThread
 from tests.proxy.live_page import TOKEN, WAIT_MS, open_page, wait_until
 

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from kproxy.proxy import relay as relay_module
-from kproxy.proxy.relay import TRIM_AFTER_BURST_BYTES, BufferBudget
+from kproxy.proxy import memory as memory_module
+from kproxy.proxy.memory import TRIM_AFTER_BURST_BYTES, BufferBudget
 from tests.protocol.frames import produce_v9
 from tests.proxy.harness import KproxyProcess, rss, wait_for
 
@@ -41,8 +41,8 @@ class Side:
 
 
 def test_the_budget_trims_once_a_burst_is_over_and_not_during_it(monkeypatch):
-    monkeypatch.setattr(relay_module, "TRIM_QUIET_S", 0.05)
-    monkeypatch.setattr(relay_module, "TRIM_MIN_INTERVAL_S", 0.3)
+    monkeypatch.setattr(memory_module, "TRIM_QUIET_S", 0.05)
+    monkeypatch.setattr(memory_module, "TRIM_MIN_INTERVAL_S", 0.3)
     trims = []
 
     async def scenario():

@@ -16,9 +16,10 @@ import urllib.request
 
 import pytest
 
-from kproxy.observers.metrics import CLOSE_REASONS, close_reason_label
+from kproxy.observers.contract import CLIENT_CLOSED, CloseCause, CloseKind
+from kproxy.observers.metrics import CLOSE_REASONS
 from kproxy.protocol.connection import WRONG_PROTOCOLS, Connection, WrongProtocol
-from kproxy.proxy.relay import ConnectionInfo
+from kproxy.observers.contract import ConnectionInfo
 from kproxy.proxy.server import MisconfigurationLog
 from tests.observers.metrics import sample, scrape_until
 from tests.proxy.harness import ProxyThread
@@ -29,11 +30,11 @@ OPENSSL_TIMEOUT_S = 30.0
 LIBRDKAFKA_TOLD_WITHIN_S = 15.0
 
 
-def reason_of(data: bytes, direction="client") -> str:
+def reason_of(data: bytes, direction="client") -> CloseCause:
     try:
         (Connection().receive_client if direction == "client" else Connection().receive_broker)(data)
     except WrongProtocol as exc:
-        return str(exc)
+        return CloseCause.of_violation(exc)
     raise AssertionError("not recognised")
 
 
@@ -42,8 +43,10 @@ def test_each_cause_has_its_own_bounded_close_reason(cause):
     data = {"tls_on_plaintext_listener": bytes.fromhex("160301020001"), "http_on_kafka_port": b"GET / HTTP/1.1",
             "upstream_speaks_tls": bytes.fromhex("15030300020228"), "upstream_speaks_http": b"HTTP/1.0 200"}[cause]
     direction = "client" if cause in ("tls_on_plaintext_listener", "http_on_kafka_port") else "broker"
-    assert close_reason_label(reason_of(data, direction)) == cause and cause in CLOSE_REASONS
-    assert close_reason_label("client frame of 2000 bytes (maximum 1000)") == "frame_too_large"
+    reason = reason_of(data, direction)
+    assert reason.label == cause and cause in CLOSE_REASONS and reason.kind.misconfiguration
+    assert str(reason).startswith(WRONG_PROTOCOLS[cause])
+    assert {kind.label for kind in CloseKind if kind.misconfiguration} == set(WRONG_PROTOCOLS)
 
 
 def test_misconfigurations_are_logged_once_per_cause_and_client_host(caplog):
@@ -61,7 +64,7 @@ def test_misconfigurations_are_logged_once_per_cause_and_client_host(caplog):
         for _ in range(5):
             log.connection_closed(info("10.0.0.1"), reason=tls)
         log.connection_closed(info("10.0.0.2"), reason=tls)
-        log.connection_closed(info("10.0.0.1"), reason="client closed")
+        log.connection_closed(info("10.0.0.1"), reason=CLIENT_CLOSED)
         clock.now += 61
         log.connection_closed(info("10.0.0.1"), reason=tls)
     lines = [r.getMessage() for r in caplog.records]

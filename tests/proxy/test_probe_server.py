@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.proxy.http_limits import MAX_HEADER_LINES, MAX_LINE_BYTES
-from kproxy.proxy.probe_board import REASON_BYTES, Board, SlotState
-from kproxy.proxy.probe_server import MAX_CONNECTIONS
-from kproxy.proxy.probes import ProbeProcess
+from kproxy.admin.http_limits import MAX_HEADER_LINES, MAX_LINE_BYTES
+from kproxy.probes.probe_board import REASON_BYTES, Board, SlotState
+from kproxy.probes.probe_server import MAX_CONNECTIONS
+from kproxy.probes.probes import ProbeProcess
 from tests.proxy.harness import wait_for
 from tests.proxy.probes import get
 
@@ -37,7 +37,7 @@ MAX_READS = 3_000_000
 # reason of that number repeated to a length that varies with it.
 WRITER = """
 import sys
-from kproxy.proxy.probe_board import Board, SlotState
+from kproxy.probes.probe_board import Board, SlotState
 memory, waker = map(int, sys.argv[1].split(","))
 board = Board.attach(memory, [waker])
 n = 1

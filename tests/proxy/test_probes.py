@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from kproxy import config as config_module
-from kproxy.proxy import admin as admin_module
-from kproxy.proxy.probes import READY_WAIT_S
+from kproxy.admin import admin as admin_module
+from kproxy.probes.probes import READY_WAIT_S
 from tests.proxy.harness import (KproxyProcess, ProxyThread, children_of, exited, free_ports, process_state,
                                   silent_port, wait_for)
 from tests.proxy.probes import PROBE_ANSWER_TIMEOUT_S, get
@@ -34,7 +34,7 @@ PROBES = 20
 STALL_LIMIT_S = 0.5                # the heartbeat's limit in these tests (default 5 s)
 START_TIMEOUT_S = 30.0
 # `kproxy run` with the stall limit injected (a constant, read when the heartbeat is made).
-KPROXY_RUN = ("import sys; from kproxy.proxy import probes; probes.LOOP_STALL_LIMIT_S = %r; "
+KPROXY_RUN = ("import sys; from kproxy.probes import probes; probes.LOOP_STALL_LIMIT_S = %r; "
               "from kproxy.cli import main; sys.exit(main(sys.argv[1:]))" % STALL_LIMIT_S)
 
 

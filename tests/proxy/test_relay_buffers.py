@@ -1,7 +1,9 @@
 """The relay's buffers: the shared read arena never overwrites what anyone can see; the
 buffer budget pauses holders of incomplete frames but always lets one proceed."""
 
-from kproxy.proxy.relay import IN_PLACE_MIN_SHARE, MIN_READ_ROOM, PIPELINED_READ_BYTES, READ_CHUNK, ReadArena
+from kproxy.observers.contract import SHUTTING_DOWN
+from kproxy.proxy.memory import IN_PLACE_MIN_SHARE, MIN_READ_ROOM, READ_CHUNK, ReadArena
+from kproxy.proxy.relay import PIPELINED_READ_BYTES
 
 
 def read(arena: ReadArena, payload: bytes) -> memoryview:
@@ -76,7 +78,7 @@ class Side:
 
 
 def test_over_the_budget_one_holder_is_still_read_and_the_rest_wait():
-    from kproxy.proxy.relay import BufferBudget
+    from kproxy.proxy.memory import BufferBudget
     budget = BufferBudget(limit=100)
     a, b, c = Side(), Side(), Side()
     for side, held in ((a, 40), (b, 40), (c, 40)):
@@ -91,7 +93,7 @@ def test_over_the_budget_one_holder_is_still_read_and_the_rest_wait():
 
 
 def test_when_no_holder_is_read_the_largest_waiting_one_goes_next():
-    from kproxy.proxy.relay import BufferBudget
+    from kproxy.proxy.memory import BufferBudget
     budget = BufferBudget(limit=100)
     a, b, c = Side(), Side(), Side()
     budget.update(a, 90)
@@ -107,7 +109,7 @@ def test_when_no_holder_is_read_the_largest_waiting_one_goes_next():
 # ---------------------------------------------------------------- who needs whole frames
 
 def test_large_frames_are_kept_whole_while_capture_runs_or_someone_watches(tmp_path):
-    from kproxy.observers.capture import Capture
+    from kproxy.observers.capture import Capture, CaptureConfig
     from kproxy.observers.live import LiveView
     from kproxy.observers.metrics import Metrics
     from kproxy.proxy.relay import bodies_needed
@@ -115,7 +117,7 @@ def test_large_frames_are_kept_whole_while_capture_runs_or_someone_watches(tmp_p
     capture, live = Capture(), LiveView()
     needed = bodies_needed([Metrics(), capture, live])
     assert not needed()                       # nobody needs them: large frames are streamed
-    capture.start({"directory": str(tmp_path)})
+    capture.start(CaptureConfig(directory=str(tmp_path)))
     try:
         assert needed()
     finally:
@@ -239,7 +241,7 @@ def _relayed(monkeypatch, scenario, observers=()) -> None:
         try:
             await scenario(relay, client, broker)
         finally:
-            relay.close("done")
+            relay.close(SHUTTING_DOWN)
             await asyncio.sleep(0)
             task.cancel()
 

@@ -24,6 +24,7 @@ import time
 import pytest
 
 from kproxy.protocol.connection import RequestReceived
+from kproxy.proxy import memory as memory_module
 from kproxy.proxy import relay as relay_module
 from kproxy.proxy.relay import (MAX_IN_FLIGHT_PER_CONNECTION, OBSERVER_EVENTS_PER_STEP, PIPELINED_READ_BYTES,
                                 READ_CHUNK)
@@ -132,7 +133,7 @@ def test_a_trickled_request_closes_at_the_request_deadline(start_proxy, kproxy_l
 
 
 def test_large_incomplete_frames_are_held_within_the_buffer_budget(start_proxy, monkeypatch):
-    monkeypatch.setattr(relay_module, "DEFAULT_BUFFER_BUDGET", BUDGET_BYTES)
+    monkeypatch.setattr(memory_module, "DEFAULT_BUFFER_BUDGET", BUDGET_BYTES)
     proxy = start_proxy()
     # A Produce Kafka answers although its body ends in trailing bytes (megabytes of them).
     rest = struct.pack(">i", 1000) + b"\x01\x00"

@@ -41,7 +41,7 @@ from kproxy.embedded import recv_exactly
 from kproxy.protocol import decode_response
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy.server import Proxy
-from kproxy.proxy.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
+from kproxy.certs.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
 from tests.proxy.addresses import REWRITE_CASES
 from tests.proxy.certs import SNI_DOMAIN
 from tests.proxy.client_hello import client_hello, room_for_name
@@ -916,7 +916,7 @@ class TestSidecars:
     ([], "broker-1.kafka.example.com", False),
 ])
 def test_certificate_coverage_as_clients_check_it(certificate, name, covered):
-    from kproxy.proxy.sni import certificate_covers
+    from kproxy.certs.sni import certificate_covers
     assert certificate_covers(certificate, name) is covered
 
 

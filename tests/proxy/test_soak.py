@@ -24,7 +24,8 @@ import pytest
 
 from kproxy.embedded import recv_exactly
 from kproxy.protocol import DecodeError, Struct, decode_response
-from kproxy.protocol.records import Record, build_batch
+from kproxy.protocol.record_encoder import build_batch
+from kproxy.protocol.records import Record
 from kproxy.proxy.rewrite import node_addresses
 from tests.observers.metrics import scrape
 from tests.protocol.mutations import mutate

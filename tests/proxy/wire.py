@@ -29,7 +29,8 @@ from collections.abc import Callable
 from kproxy.embedded import recv_exactly
 from kproxy.protocol import (DecodeError, Request, Response, Struct, decode_request, decode_response,
                              encode_request, encode_response, new_body)
-from kproxy.protocol.records import Record, build_batch
+from kproxy.protocol.record_encoder import build_batch
+from kproxy.protocol.records import Record
 from tests.protocol.frames import framed
 from tests.proxy.harness import ProxyThread
 

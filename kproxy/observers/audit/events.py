@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...protocol import OpaqueBody, Struct, api_name, error_name
+from ...protocol.api_keys import ApiKey
 from ...protocol.schema import API_KEYS
 from ..capture.redact import to_json
 from ..capture.summary import iso_utc
@@ -34,10 +35,9 @@ AUDITED_API_NAMES = (
     "CreateDelegationToken", "RenewDelegationToken", "ExpireDelegationToken",
     "UpdateFeatures", "UnregisterBroker", "AddRaftVoter", "RemoveRaftVoter",
 )
-OFFSET_COMMIT_KEY = API_KEYS["OffsetCommit"]
 AUDITED_APIS = frozenset(API_KEYS[name] for name in AUDITED_API_NAMES if name in API_KEYS)
 # What the observer looks at on the event loop (everything else passes with one set lookup).
-WATCHED_APIS = AUDITED_APIS | {OFFSET_COMMIT_KEY}
+WATCHED_APIS = AUDITED_APIS | {ApiKey.OFFSET_COMMIT}
 
 # Kafka's "no generation" (OffsetCommit generation_id_or_member_epoch) of a commit
 # made outside the group's membership.
@@ -67,13 +67,13 @@ _ACL_ENUMS = {"resource_type": _ACL_RESOURCE_TYPES, "resource_type_filter": _ACL
               "resource_pattern_type": _PATTERN_TYPES, "pattern_type": _PATTERN_TYPES,
               "pattern_type_filter": _PATTERN_TYPES}
 _CONFIG_ENUMS = {"resource_type": _CONFIG_RESOURCE_TYPES, "config_operation": _CONFIG_OPERATIONS}
-ENUMS = {API_KEYS["CreateAcls"]: _ACL_ENUMS, API_KEYS["DeleteAcls"]: _ACL_ENUMS,
-         API_KEYS["AlterConfigs"]: _CONFIG_ENUMS, API_KEYS["IncrementalAlterConfigs"]: _CONFIG_ENUMS,
-         API_KEYS["AlterUserScramCredentials"]: {"mechanism": _SCRAM_MECHANISMS}}
+ENUMS = {ApiKey.CREATE_ACLS: _ACL_ENUMS, ApiKey.DELETE_ACLS: _ACL_ENUMS,
+         ApiKey.ALTER_CONFIGS: _CONFIG_ENUMS, ApiKey.INCREMENTAL_ALTER_CONFIGS: _CONFIG_ENUMS,
+         ApiKey.ALTER_USER_SCRAM_CREDENTIALS: {"mechanism": _SCRAM_MECHANISMS}}
 # Answers whose results name nothing (CreateAcls, DeleteAcls): the n-th result answers the
 # n-th item of this request list, which then names it.
-_BY_POSITION = {API_KEYS["CreateAcls"]: ("creations", "results"),
-                API_KEYS["DeleteAcls"]: ("filters", "filter_results")}
+_BY_POSITION = {ApiKey.CREATE_ACLS: ("creations", "results"),
+                ApiKey.DELETE_ACLS: ("filters", "filter_results")}
 
 # Fields of an answer's struct that say which resource it is about (kept in its result, and
 # passed down to the structs inside it: a partition's result names its topic).

@@ -23,16 +23,17 @@ from logging.handlers import RotatingFileHandler
 
 from ...protocol.connection import RequestReceived, ResponseReceived
 from ...protocol.pair_fields import pair_fields
-from ...protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
+from ...protocol.api_keys import ApiKey
+from ...protocol.sasl import SaslPrincipal
+from ..contract import CloseCause
 from .config import AuditConfig
-from .events import (AUDITED_APIS, OFFSET_COMMIT_KEY, WATCHED_APIS, Who, build_event,
+from .events import (AUDITED_APIS, WATCHED_APIS, Who, build_event,
                      is_outside_commit)
 
 log = logging.getLogger("kproxy.audit")
-API_VERSIONS_KEY = 18
 API_VERSIONS_SOFTWARE_VERSION = 3      # ApiVersions v3+ names the client's software
 # Pairs that name a connection's principal or software: read in the writer, in order.
-WHO_APIS = frozenset({SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY, API_VERSIONS_KEY})
+WHO_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.API_VERSIONS})
 LOOKED_AT = WATCHED_APIS | WHO_APIS
 # Connections whose principal and software are remembered at most (a close forgets one;
 # this bounds what a missing close hook could leave behind).
@@ -99,7 +100,7 @@ class Audit:
                 if key in LOOKED_AT:
                     if key in WHO_APIS:
                         self._enqueue((_LEARN, info, event))
-                    elif key != OFFSET_COMMIT_KEY or self._outside_commit(event.request_event):
+                    elif key != ApiKey.OFFSET_COMMIT or self._outside_commit(event.request_event):
                         self._enqueue((_ANSWER, info, event))
             elif cls is RequestReceived:
                 key = event.api_key
@@ -121,7 +122,7 @@ class Audit:
         self.enqueued += 1
         self._queue.put(item)
 
-    def connection_closed(self, info, reason: str | None = None, in_flight: int | None = None) -> None:
+    def connection_closed(self, info, reason: CloseCause | None = None, in_flight: int | None = None) -> None:
         if self._active and info is not None:
             self._put += 1                 # past the bound: it frees a connection's state
             self._queue.put((_CLOSE, info, None))
@@ -206,10 +207,10 @@ class Audit:
         if request is None or answer is None or request.is_opaque or answer.is_opaque:
             return
         key = event.request_event.api_key
-        if key == API_VERSIONS_KEY:
+        if key == ApiKey.API_VERSIONS:
             if event.request_event.api_version >= API_VERSIONS_SOFTWARE_VERSION \
                     and not getattr(answer.body, "error_code", 0):
-                fields = pair_fields(API_VERSIONS_KEY, request.body, None)
+                fields = pair_fields(ApiKey.API_VERSIONS, request.body, None)
                 who.software = (fields["client_software_name"], fields["client_software_version"])
             return
         if who.sasl is None:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
+from ..contract import CloseCause
 from .config import CaptureConfig
 from .redact import decompression_refused
 from .session import Session
@@ -87,7 +88,7 @@ class Capture:
         writes frames) instead of streamed past the observers."""
         return self.active
 
-    def connection_closed(self, info, reason: str | None = None, in_flight: int | None = None) -> None:
+    def connection_closed(self, info, reason: CloseCause | None = None, in_flight: int | None = None) -> None:
         """Hook: the proxied connection ``info`` closed. ``in_flight``: requests the tracker
         still had unanswered (``Relay.in_flight``), so exactly those get "unanswered" rows."""
         session = self._session
@@ -101,11 +102,9 @@ class Capture:
         session = self._session
         return session is not None and session.active
 
-    def start(self, config: CaptureConfig | Mapping[str, Any]) -> dict:
-        """Start capturing. ValueError: bad config; CaptureError: already running;
-        OSError: the directory or first files cannot be created (nothing started)."""
-        if not isinstance(config, CaptureConfig):
-            config = CaptureConfig.from_dict(config)
+    def start(self, config: CaptureConfig) -> dict:
+        """Start capturing. CaptureError: already running; OSError: the directory or first
+        files cannot be created (nothing started)."""
         with self._control:
             old = self._session
             if old is not None and old.active:

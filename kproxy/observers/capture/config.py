@@ -8,13 +8,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ...config import did_you_mean
+from ...spelling import did_you_mean
 from .filters import CaptureFilter
 from .kafka_sink import KafkaTarget
 
 # "kafka": rows shipped to the topic of the ``kafka`` table instead of (or as well as) files.
 FORMATS = ("jsonl", "parquet", "pcapng", "kafka")
 FILE_FORMATS = ("jsonl", "parquet", "pcapng")
+DEFAULT_PREFIX = "kproxy-capture"
 
 # Each file is closed and a new one started above this size (approximate for
 # Parquet, whose row groups are compressed as they are written).
@@ -78,7 +79,7 @@ class CaptureConfig:
     """One capture session's settings (frozen; ``from_dict`` validates plain values)."""
 
     directory: str = ""                     # required when a file format is written
-    prefix: str = "kproxy-capture"
+    prefix: str = DEFAULT_PREFIX
     formats: tuple[str, ...] = ("jsonl",)
     filter: CaptureFilter = field(default_factory=CaptureFilter)
     include_bodies: bool = True             # JSONL: decoded request/response bodies
@@ -145,6 +146,23 @@ class CaptureConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], key: str = "capture") -> "CaptureConfig":
         """From a config-file table or an admin JSON body; ValueError names the bad key."""
+        values = cls._fields_of(data, key)
+        if "directory" not in values and set(values.get("formats", ("jsonl",))) & set(FILE_FORMATS):
+            raise ValueError(f"{key}.directory: required")     # "kafka" alone writes no files
+        return cls(**values)
+
+    def updated(self, data: Mapping[str, Any], key: str = "capture") -> "CaptureConfig":
+        """These settings with what ``data`` (an admin JSON body) sets instead."""
+        return dataclasses.replace(self, **self._fields_of(data, key))
+
+    def for_worker(self, index: int, workers: int) -> "CaptureConfig":
+        """Worker ``index``'s share of these settings: its own files and its part of the disk cap."""
+        return dataclasses.replace(self, prefix=worker_prefix(self.prefix, index),
+                                   max_total_bytes=self.max_total_bytes // workers)
+
+    @classmethod
+    def _fields_of(cls, data: Mapping[str, Any], key: str) -> dict[str, Any]:
+        """The settings ``data`` gives (None: not given), typed; ValueError names the bad key."""
         if not isinstance(data, Mapping):
             raise ValueError(f"{key}: expected a table/object")
         names = {f.name: f for f in dataclasses.fields(cls)}
@@ -172,9 +190,7 @@ class CaptureConfig:
                 values[name] = _number(value, float, f"{key}.{name}")
             else:
                 values[name] = _number(value, int, f"{key}.{name}")
-        if "directory" not in values and set(values.get("formats", ("jsonl",))) & set(FILE_FORMATS):
-            raise ValueError(f"{key}.directory: required")
-        return cls(**values)
+        return values
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -182,6 +198,11 @@ class CaptureConfig:
         out["filter"] = self.filter.to_dict()
         out["kafka"] = self.kafka.to_dict() if self.kafka is not None else None
         return out
+
+
+def worker_prefix(prefix: str, index: int) -> str:
+    """The file prefix of worker ``index`` (``kproxy run --workers N``): files never collide."""
+    return f"{prefix}-w{index}"
 
 
 def _show(name: str, limit: float) -> str:

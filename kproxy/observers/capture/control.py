@@ -44,18 +44,14 @@ def parse_json_body(body: bytes | str | None) -> tuple[int, dict] | dict:
 
 
 def start_capture(capture: Capture, body: Mapping[str, Any] | None,
-                  defaults: Mapping[str, Any] | CaptureConfig | None = None, *,
+                  defaults: CaptureConfig | None = None, *,
                   root: str | None, allow_record_data: bool = False) -> tuple[int, dict]:
     """200 + status; 400 bad settings; 403 refused by the operator's settings (no
     ``root``, or record data not allowed); 409 already running; 500 cannot create files."""
     if body and "kafka" in body:
         return 403, {"error": "capture.kafka: refused: where rows are shipped is set in kproxy's "
                               "config only (the capture table or KPROXY_CAPTURE)"}
-    merged: dict[str, Any] = {}
-    if isinstance(defaults, CaptureConfig):
-        merged.update(defaults.to_dict())
-    elif defaults:
-        merged.update(defaults)
+    merged: dict[str, Any] = defaults.to_dict() if defaults is not None else {}
     merged.update(body or {})
     try:
         ships_only = not CaptureConfig.from_dict({**merged, "directory": "-"}).file_formats
@@ -66,8 +62,8 @@ def start_capture(capture: Capture, body: Mapping[str, Any] | None,
                               "or capture.directory in kproxy's config)"}
     if ships_only:
         merged["directory"] = ""                  # rows go to capture.kafka only: no files
-    elif merged.get("directory") is None:
-        merged["directory"] = root
+    elif not merged.get("directory"):
+        merged["directory"] = root                # asked for the default: the root itself
     try:
         config = CaptureConfig.from_dict(merged)
         if config.file_formats:

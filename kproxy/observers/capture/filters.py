@@ -147,7 +147,7 @@ class CaptureFilter:
         known = {"apis", "client_id", "client_id_regex", "clients", "topics", "sample"}
         unknown = set(data) - known
         if unknown:
-            from ...config import did_you_mean
+            from ...spelling import did_you_mean
             name = sorted(unknown)[0]
             suggestion = did_you_mean(str(name), known) or f" (one of {', '.join(sorted(known))})"
             raise ValueError(f"{key}.{name}: unknown setting{suggestion}")

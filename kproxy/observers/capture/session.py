@@ -17,12 +17,11 @@ import time
 from ...protocol.client_software import FIRST_NAMING_VERSION
 from ...protocol.connection import (MalformedFrame, RequestReceived, ResponseReceived,
                                     SaslTokenPassed)
+from ...protocol.api_keys import ApiKey
 from .config import CaptureConfig
 from .writer import STOP, Writer
 
-_METADATA = 3
-_API_VERSIONS = 18
-_SASL_KEYS = (17, 36)           # SaslHandshake, SaslAuthenticate: they name the principal
+_SASL_KEYS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})   # they name the principal
 _ITEM_OVERHEAD = 200            # bytes charged per queued item besides its frames
 
 
@@ -107,11 +106,11 @@ class Session:
                     # written, even when the request was queued, or dropped, on its own:
                     # charge both, or the queue's bytes bound would not bound its memory.
                     self._put("resp", info, event, None, event.held_size + request.held_size + _ITEM_OVERHEAD)
-                elif self.learn_metadata and request.api_key == _METADATA:
+                elif self.learn_metadata and request.api_key == ApiKey.METADATA:
                     self._put("learn", info, event, None, event.held_size + request.held_size + _ITEM_OVERHEAD)
                     capture.filtered += 1
                 elif self.learn_software and (request.api_key in _SASL_KEYS or (
-                        request.api_key == _API_VERSIONS
+                        request.api_key == ApiKey.API_VERSIONS
                         and request.api_version >= FIRST_NAMING_VERSION)):
                     self._put("learn", info, event, None, event.held_size + request.held_size + _ITEM_OVERHEAD)
                     capture.filtered += 1

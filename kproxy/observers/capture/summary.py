@@ -19,8 +19,7 @@ from typing import Any
 from ...protocol import DecodeError, Struct, error_name, schema
 from ...protocol.client_software import ClientSoftware
 from ...protocol.client_telemetry import TELEMETRY_KEYS, PUSH_TELEMETRY_KEY, decode_push
-from ...protocol.pair_fields import (API_VERSIONS, PAIR_COLUMNS, PAIR_FIELDS,  # noqa: F401 (re-exported)
-                                     pair_fields)
+from ...protocol.pair_fields import PAIR_COLUMNS, PAIR_FIELDS, pair_fields  # noqa: F401 (re-exported)
 from ...protocol.records import iter_batches
 from .filters import header_client_id
 from .redact import inflate, to_json

@@ -43,8 +43,8 @@ from .jsonl import JsonlSink
 from .pcapng import PcapngSink
 from .redact import scrub_frame
 from ...protocol.client_software import ClientSoftware, software_named
-from ...protocol.pair_fields import API_VERSIONS
-from ...protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
+from ...protocol.api_keys import ApiKey
+from ...protocol.sasl import SaslPrincipal
 from .summary import (OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, OUTCOME_UNANSWERED,
                       Facts, body_facts, build_row, fill_client_software)
 
@@ -58,7 +58,7 @@ MIN_PAUSE_S = 0.002
 MAX_CONNECTIONS_TRACKED = 100_000   # per-connection state kept without a close hook, at most
 MAX_PENDING_PER_CONNECTION = 10_000  # a client that never gets answers cannot grow this forever
 STOP = object()
-SASL_KEYS = (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY)
+SASL_KEYS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
 class _Conn:
@@ -240,7 +240,7 @@ class Writer(threading.Thread):
             if payload.api_key in SASL_KEYS:
                 self._follow_sasl(self._conn(info), payload.request_event, payload)
                 return
-            if payload.api_key == API_VERSIONS:
+            if payload.api_key == ApiKey.API_VERSIONS:
                 named = software_named(payload)
                 if named is not None:
                     self._conn(info).software = named

@@ -48,7 +48,8 @@ import sys
 import time
 from typing import Awaitable, Callable, Collection
 
-from .http_limits import READ_TIMEOUT_S
+from ..admin.http_limits import READ_TIMEOUT_S
+from ..readiness import READINESS_CACHE_S, READY_WAIT_S
 from .probe_board import Board, SlotState
 
 # How often each proxy event loop posts its heartbeat and readiness: often enough that a
@@ -61,13 +62,6 @@ HEARTBEAT_INTERVAL_S = 0.1
 # for seconds serves no client, and Kafka clients time requests out after 30 s. The
 # shipped liveness probes restart after three failures 10 s apart.
 LOOP_STALL_LIMIT_S = 5.0
-# A broker check's answer is served this long without asking again: a probe storm costs
-# the brokers nothing extra (kproxy.proxy.own_requests runs the check).
-READINESS_CACHE_S = 1.0
-# A /readyz whose answer expired waits this long for the proxy's loop to ask the broker
-# (the check itself gives up after own_requests.READINESS_TIMEOUT_S, 2 s); below the
-# shipped readiness probes' 3 s timeout, so they get an answer, not a timeout.
-READY_WAIT_S = 2.5
 # How often a waiting /readyz looks at the board for the fresh answer.
 READY_POLL_S = 0.005
 PROBE_PATHS = ("/healthz", "/readyz")
@@ -213,7 +207,7 @@ def needs_refresh(state: SlotState, now: float) -> bool:
 # it needs is there, and site's import costs start-up time), no environment (-I).
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CHILD = (f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); "
-          f"from kproxy.proxy.probe_server import main; sys.exit(main(sys.argv[1:]))")
+          f"from kproxy.probes.probe_server import main; sys.exit(main(sys.argv[1:]))")
 
 
 class ProbeProcess:

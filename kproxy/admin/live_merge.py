@@ -38,7 +38,7 @@ from aiohttp import web
 
 from ..observers.live import MAX_VIEWERS, RowBacklog, ViewerFilter, merge_overviews
 from .live_web import PageRoutes, json_answer, send_stream, stream_filter
-from .relay import id_owner
+from ..proxy.relay import id_owner
 
 if TYPE_CHECKING:
     from .worker_admin import WorkerAdmin, WorkerView

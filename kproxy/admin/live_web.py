@@ -1,6 +1,6 @@
 """The admin page's HTTP side: the page itself, its live stream and its JSON reads.
 
-``/`` and ``/static/*`` are the page (HTML, JS and CSS from ``kproxy/proxy/web``,
+``/`` and ``/static/*`` are the page (HTML, JS and CSS from ``kproxy/admin/web``,
 no CDN, no build step); they are the same bytes for everyone and hold no data,
 so they are served without the token. Everything under ``/live/`` is data and
 needs the admin token (the admin listener checks it before these handlers run):

@@ -17,7 +17,7 @@ listener, which asks every worker and combines the answers:
   stopped on the others, so a capture runs everywhere or nowhere.
 - ``/workers``: each worker's state, pid, restarts and private admin address.
 - ``/``, ``/static/*``, ``/live/*``: the live page, showing every worker's traffic
-  (``kproxy.proxy.live_merge``).
+  (``kproxy.admin.live_merge``).
 """
 
 from __future__ import annotations
