@@ -399,8 +399,8 @@ def _capture_root(values: dict[str, Any]) -> None:
     if derived:
         configured = str(table["directory"])
     if configured is None:
-        if table is not None:
-            values["capture"] = _parse_capture(table)      # names what is wrong (no directory)
+        if table is not None:                             # rows shipped only, or no directory (named)
+            _check_record_data(values, _parse_capture(table))
         return
     if not configured.strip() or "\x00" in configured:
         raise ConfigError(f"capture_root: expected a directory path, got {configured!r}")
@@ -415,10 +415,15 @@ def _capture_root(values: dict[str, Any]) -> None:
         directory = directory_in_root(root, directory)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    capture = values["capture"] = _parse_capture({**table, "directory": directory})
+    _check_record_data(values, _parse_capture({**table, "directory": directory}))
+
+
+def _check_record_data(values: dict[str, Any], capture: CaptureConfig) -> None:
+    """Keep the parsed table, unless it asks for record data the operator did not allow."""
     if capture.include_record_data and not values.get("capture_allow_record_data"):
         raise ConfigError("capture.include_record_data: needs capture_allow_record_data = true as well "
                           "(record keys and values are captured only on that explicit setting)")
+    values["capture"] = capture
 
 
 def _admin_token(values: dict[str, Any]) -> None:
