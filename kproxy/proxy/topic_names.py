@@ -140,7 +140,6 @@ class TopicNameLookup:
             ids = list(self._waiting)[:IDS_PER_QUESTION]
             for topic_id in ids:
                 del self._waiting[topic_id]
-            self._next_question = time.monotonic() + QUESTION_INTERVAL_S
             named = await self._ask(ids)
             for topic_id in ids:
                 name = named.get(topic_id)
@@ -156,6 +155,7 @@ class TopicNameLookup:
                         topics=[Struct(topic_id=topic_id, name=None) for topic_id in ids])
         errors = []
         self.questions += 1
+        self._next_question = time.monotonic() + QUESTION_INTERVAL_S
         for host, port in self.own_requests.candidates():
             try:
                 response = await asyncio.wait_for(

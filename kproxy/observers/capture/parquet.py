@@ -71,6 +71,8 @@ COMPRESSION = "zstd"
 _TOPIC_RECORDS = pa.struct([("topic", pa.string()), ("record_count", pa.int64()),
                             ("record_bytes", pa.int64())])
 
+_TOPIC_IDS = pa.struct([("topic_id", pa.string()), ("topic", pa.string())])
+
 SCHEMA = pa.schema([
     ("capture_version", pa.int16()),
     ("time", pa.timestamp("us", tz="UTC")),
@@ -111,6 +113,7 @@ SCHEMA = pa.schema([
     ("generation", pa.int32()),
     # version 3
     ("principal", pa.string()),
+    ("topic_ids", pa.list_(_TOPIC_IDS)),          # added within v3: nullable, absent is null
 ], metadata={b"kproxy.capture.schema_version": str(SCHEMA_VERSION).encode()})
 
 COLUMNS = tuple(SCHEMA.names)
@@ -184,6 +187,9 @@ class ParquetSink(RotatingSink):
             columns["topic_records"] = [
                 None if entries is None else [dict(e, topic=_text(e["topic"])) for e in entries]
                 for entries in columns["topic_records"]]
+            columns["topic_ids"] = [
+                None if pairs is None else [dict(e, topic=_text(e["topic"])) for e in pairs]
+                for pairs in columns["topic_ids"]]
             table = pa.Table.from_pydict(columns, schema=SCHEMA)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             self.counters.row_errors += pending - 1      # the writer counts the one that raised
