@@ -12,6 +12,7 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
+from kproxy.observers.live import ViewerFilter
 from kproxy.protocol import Struct, Uuid
 from tests.observers.captures import read_jsonl
 from tests.proxy.harness import ProxyThread
@@ -45,6 +46,12 @@ def fetch_by_id(client: RawClient, topic_id: Uuid):
     return response
 
 
+def _on_loop(function, *args):
+    async def call():
+        return function(*args)
+    return call()
+
+
 def lag_labels(proxy: ProxyThread) -> str:
     return generate_latest(proxy.runtime.metrics.registry).decode()
 
@@ -58,6 +65,8 @@ def test_a_sidecar_names_a_topic_fetched_by_id_before_any_metadata(kafka_cluster
                      shutdown_timeout=5.0,
                      metrics_topic_label=True, topic_id_lookup=lookup) as proxy:
         proxy.runtime.capture.start({"directory": str(tmp_path), "formats": ["jsonl"]})
+        live = proxy.runtime.live
+        viewer = proxy.call(_on_loop(live.add_viewer, ViewerFilter({"apis": "Fetch"}).compile()))
         client = RawClient(proxy.bootstrap)
         try:
             fetch_by_id(client, topic_id)
@@ -67,6 +76,10 @@ def test_a_sidecar_names_a_topic_fetched_by_id_before_any_metadata(kafka_cluster
                 time.sleep(0.05)
             metrics = lag_labels(proxy)
             fetch_by_id(client, topic_id)           # after the answer: its row names the topic
+            deadline = time.monotonic() + LEARN_TIMEOUT_S
+            while len(viewer.backlog) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            live_rows = proxy.call(_on_loop(viewer.take))
         finally:
             client.close()
             proxy.runtime.capture.stop()
@@ -76,9 +89,12 @@ def test_a_sidecar_names_a_topic_fetched_by_id_before_any_metadata(kafka_cluster
         # The first fetch's row may carry the id (its pair can reach the writer first); the
         # second comes after the name is known.
         assert fetches[-1]["topics"] == [topic]
+        assert fetches[-1]["topic_ids"] == [{"topic_id": str(topic_id), "topic": topic}]
+        assert live_rows[-1]["topics"] == [topic]                  # the live page's row too
         assert all(r["topics"] in ([topic], [str(topic_id)]) for r in fetches)
         assert named in metrics and str(topic_id) not in metrics
         assert proxy.runtime.proxy.topic_names.questions == 1     # one question, however many fetches
     else:
         assert [r["topics"] for r in fetches] == [[str(topic_id)]] * 2
+        assert [r["topics"] for r in live_rows] == [[str(topic_id)]] * 2
         assert named not in metrics and f'topic="{topic_id}"' in metrics
