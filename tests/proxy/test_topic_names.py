@@ -52,7 +52,8 @@ def _on_loop(function, *args):
     return call()
 
 
-def lag_labels(proxy: ProxyThread) -> str:
+def scrape(proxy: ProxyThread) -> str:
+    """The proxy's /metrics text (the lag gauge carries the topic label)."""
     return generate_latest(proxy.runtime.metrics.registry).decode()
 
 
@@ -72,9 +73,9 @@ def test_a_sidecar_names_a_topic_fetched_by_id_before_any_metadata(kafka_cluster
             fetch_by_id(client, topic_id)
             named = f'topic="{topic}"'
             deadline = time.monotonic() + (LEARN_TIMEOUT_S if lookup else 1.0)
-            while named not in lag_labels(proxy) and time.monotonic() < deadline:
+            while named not in scrape(proxy) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            metrics = lag_labels(proxy)
+            metrics = scrape(proxy)
             fetch_by_id(client, topic_id)           # after the answer: its row names the topic
             deadline = time.monotonic() + LEARN_TIMEOUT_S
             while len(viewer.backlog) < 2 and time.monotonic() < deadline:
