@@ -167,6 +167,7 @@ class Config:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     cap_api_versions: bool = True
+    topic_id_lookup: bool = True               # ask the broker for topic ids no answer named
     tls_server: TLSServer | None = None
     tls_client: TLSClient | None = None
     log_level: str = "INFO"
@@ -243,7 +244,7 @@ _SCALARS: dict[str, type] = {
     "advertised_host_template": str, "routing": str, "sni_host_template": str,
     "sni_bootstrap_host": str, "max_frame_size": int, "max_connections": int, "max_brokers": int,
     "idle_timeout": float, "connect_timeout": float, "shutdown_timeout": float,
-    "cap_api_versions": bool, "log_level": str, "metrics_client_id_label": bool,
+    "cap_api_versions": bool, "topic_id_lookup": bool, "log_level": str, "metrics_client_id_label": bool,
     "metrics_topic_label": bool, "metrics_group_label": bool, "metrics_principal_label": bool,
     "metrics_label_cap": int, "capture_autostart": bool, "client_telemetry": bool,
     "instance_name": str,

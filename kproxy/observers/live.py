@@ -55,7 +55,8 @@ from .capture.filters import CaptureFilter, header_client_id
 from .capture.jsonl import json_form
 from .capture.pcapng import stream_file
 from .capture.redact import scrub_frame
-from .capture.summary import OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, build_row, fill_client_software
+from .capture.summary import (MAX_TOPIC_IDS, OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, build_row,
+                              fill_client_software)
 
 log = logging.getLogger("kproxy.live")
 
@@ -355,6 +356,13 @@ class LiveView:
     def connection_opened(self, info) -> None:
         self._clients[info.id] = _Client(info)
         self._learning.add(info.id)
+
+    def topic_named(self, topic_id, name: str) -> None:
+        """Hook: kproxy asked the broker for a topic id's name (``proxy.topic_names``). A dict
+        store is atomic: the live thread only reads, updates and clears this dict."""
+        if len(self._topic_names) > MAX_TOPIC_IDS:
+            self._topic_names.clear()
+        self._topic_names[str(topic_id)] = name
 
     def connection_closed(self, info, reason: CloseCause | None = None, in_flight: int | None = None) -> None:
         self._learning.discard(info.id)

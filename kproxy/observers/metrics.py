@@ -744,6 +744,18 @@ class Metrics:
             return ""
         return self._topic_names.get(topic_id) or str(topic_id)
 
+    def topic_named(self, topic_id, name: str) -> None:
+        """Hook: kproxy asked the broker for a topic id's name (``proxy.topic_names``).
+        Partitions consumers fetched by that id before get the name as their lag label."""
+        if topic_id in self._topic_names or len(self._topic_names) < MAX_TOPIC_IDS:
+            self._topic_names[topic_id] = name
+        if self.topic_label is not None:
+            label = None
+            for state in self._fetch_positions.values():
+                for (key, _), entry in state.partitions.items():
+                    if key == topic_id:
+                        entry[2] = label = label or self.topic_label(name)
+
     def _learn_topic_ids(self, body) -> None:
         for topic in getattr(body, "topics", None) or ():
             topic_id, name = getattr(topic, "topic_id", None), getattr(topic, "name", None)

@@ -33,7 +33,8 @@ SCHEMA_VERSION_KEY = b"kproxy.capture.schema_version"
 # A capture file name: <prefix>-<UTC yyyymmddThhmmss>-<seq>.<ext> (see observers/capture/files.py).
 _FILE_NAME = re.compile(r"^(?P<prefix>.+)-(?P<stamp>\d{8}T\d{6})-(?P<seq>\d+)\.(?P<ext>[a-z.]+)$")
 # Columns no question reads: left out of the cached frame.
-_UNUSED = ("upstream_host", "upstream_port", "listener", "compression", "decode_error")
+_UNUSED = ("upstream_host", "upstream_port", "listener", "compression", "decode_error",
+           "topic_ids")          # used (batch) by topic_ids.resolve_topic_ids, before prepare
 LONG_POLL_APIS = ("Fetch", "ShareFetch")
 _TIME_COLUMNS = ("time", "connection_start")
 
@@ -272,9 +273,10 @@ def prepare(df, since: dt.datetime | None = None, until: dt.datetime | None = No
 def load_capture(spark, paths: list[str], fmt: str = "auto", since: dt.datetime | None = None,
                  until: dt.datetime | None = None):
     """Resolve, check and read capture files (or a ``kafka://`` topic): (Inputs, prepared DataFrame)."""
+    from .topic_ids import resolve_topic_ids
     if any(path.startswith("kafka://") for path in paths):
         from . import kafka_source
         inputs, raw = kafka_source.read(spark, paths)
         return inputs, prepare(raw, since, until)
     inputs = resolve_inputs(paths, fmt, since)
-    return inputs, prepare(read_capture(spark, inputs), since, until)
+    return inputs, prepare(resolve_topic_ids(read_capture(spark, inputs)), since, until)

@@ -65,6 +65,7 @@ from ..protocol.connection import RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
 from .own_requests import READINESS_TIMEOUT_S, OwnRequests
+from .topic_names import TopicNameLookup
 from .proxy_protocol import HeaderGate, serve_proxied
 from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
@@ -217,6 +218,10 @@ class Proxy:
             lambda: self._server_ssl, self._connection_limit) if config.proxy_protocol_versions else None
         # Discovery (SNI) and readiness: requests of kproxy's own to the upstreams.
         self.own_requests = OwnRequests(config, self._bootstrap_candidates, self._upstream_ssl)
+        # Names for topic ids no relayed answer named (sidecars: Fetch v13+ before any Metadata).
+        self.topic_names = TopicNameLookup(self.own_requests, self.observers) if config.topic_id_lookup else None
+        if self.topic_names is not None:
+            self.observers.append(self.topic_names)
         self._reaper: asyncio.Task | None = None
         self._listen_port = config.listen[1]      # as bound, once started (0: OS-chosen)
         self._opening: set[str] = set()
@@ -886,6 +891,8 @@ class Proxy:
             relay.close(SHUTTING_DOWN)
         if self._reaper is not None:
             self._reaper.cancel()
+        if self.topic_names is not None:
+            await self.topic_names.stop()
         undecodable_sni.unwatch(asyncio.get_running_loop())
         for task in self._tls_watches:
             task.cancel()

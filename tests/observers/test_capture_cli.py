@@ -95,3 +95,22 @@ def test_add_arguments_registers_capture_show_and_stats(capture_dir, capsys):
     assert args.func(args) == 0 and "Produce" in capsys.readouterr().out
     assert cli.main(["capture", "show", str(capture_dir / "missing")]) == 2
     assert "no such capture" in capsys.readouterr().err
+
+
+def test_stats_count_a_topic_named_by_id_under_the_name_another_row_gave():
+    """Merged captures of two sidecars: one relayed the Metadata answer (id and name), the
+    other only Fetches and Produces by id. ``stats`` counts one topic, under its name."""
+    topic_id, unnamed = "hx3ONFVgRtqmrInl_2Nq4w", "AAECAwQFBgcICQoLDA0ODw"
+    rows = [
+        {"api_name": "Metadata", "proxy_instance": "a", "connection_id": 1, "topics": ["orders"],
+         "principal": None, "topic_ids": [{"topic_id": topic_id, "topic": "orders"}]},
+        {"api_name": "Produce", "proxy_instance": "a", "connection_id": 2, "topics": ["orders"],
+         "principal": "alice", "topic_records": [{"topic": "orders", "record_count": 3}], "topic_ids": None},
+        {"api_name": "Produce", "proxy_instance": "b", "connection_id": 1, "topics": [topic_id],
+         "principal": "alice", "topic_records": [{"topic": topic_id, "record_count": 2}], "topic_ids": None},
+        {"api_name": "Fetch", "proxy_instance": "b", "connection_id": 2, "topics": [unnamed],
+         "principal": None, "topic_ids": None},
+    ]
+    s = cli.compute_stats(rows)
+    assert dict(s["top_topics"]) == {"orders": 3, unnamed: 1}
+    assert s["topic_writers"] == [{"topic": "orders", "principal": "alice", "pairs": 2, "records": 5}]

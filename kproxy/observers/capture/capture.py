@@ -24,7 +24,7 @@ from ..contract import CloseCause
 from .config import CaptureConfig
 from .redact import decompression_refused
 from .session import Session
-from .summary import SCHEMA_VERSION, iso_utc
+from .summary import MAX_TOPIC_IDS, SCHEMA_VERSION, iso_utc
 
 COUNTERS = (
     "enqueued",          # items queued for the writer (requests, responses, tokens, closes)
@@ -73,6 +73,8 @@ class Capture:
             setattr(self, name, 0)
         self._session: Session | None = None
         self._control = threading.Lock()
+        # Topic id -> name kproxy asked the broker for (``topic_named``): every capture starts with them.
+        self.learned_topic_names: dict[str, str] = {}
 
     # ------------------------------------------------------------ hooks (event loop thread)
 
@@ -87,6 +89,18 @@ class Capture:
         """Hook: while capturing, large frames are kept whole (rows summarize bodies, pcapng
         writes frames) instead of streamed past the observers."""
         return self.active
+
+    def topic_named(self, topic_id, name: str) -> None:
+        """Hook: kproxy asked the broker for a topic id's name (``proxy.topic_names``). Kept
+        for captures started later, and given to a running one's writer: a dict store is
+        atomic, and the writer thread only reads, updates and clears that dict."""
+        learned = self.learned_topic_names
+        if len(learned) > MAX_TOPIC_IDS:
+            learned.clear()
+        learned[str(topic_id)] = name
+        session = self._session
+        if session is not None and session.active:
+            session.writer.topic_names[str(topic_id)] = name
 
     def connection_closed(self, info, reason: CloseCause | None = None, in_flight: int | None = None) -> None:
         """Hook: the proxied connection ``info`` closed. ``in_flight``: requests the tracker

@@ -29,7 +29,7 @@ import sys
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Iterator, TextIO
 
-from .summary import iso_utc
+from .summary import MAX_TOPIC_IDS, iso_utc
 
 
 # ---------------------------------------------------------------- reading
@@ -203,6 +203,7 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
     has_software = False                # schema version 2+ rows seen
     writers: dict[tuple, list] = defaultdict(lambda: [0, 0])   # (topic, principal) -> [pairs, records]
     has_principal = False               # schema version 3+ rows seen
+    id_names: dict[str, str] = {}       # topic id -> name, from every row's topic_ids
     first = last = None
     total = request_bytes = response_bytes = 0
     for row in rows:
@@ -221,6 +222,9 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
         clients[row.get("client_id") or "-"] += 1
         for t in row.get("topics") or ():
             topics[t] += 1
+        for pair in row.get("topic_ids") or ():
+            if len(id_names) < MAX_TOPIC_IDS:
+                id_names[pair["topic_id"]] = pair["topic"]
         outcomes[row.get("outcome", "?")] += 1
         connection = (row.get("proxy_instance"), row.get("connection_id"))
         connections.add(connection)
@@ -241,6 +245,9 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
         if t is not None:
             first = t if first is None or t < first else first
             last = t if last is None or t > last else last
+    if id_names:        # rows of a proxy that knew only the id count under the name others gave
+        topics = Counter(_named(topics, id_names))
+        writers = _named(writers, id_names, lambda key, name: (name, key[1]), _add_pairs)
     per_api = {}
     for name, api in sorted(apis.items(), key=lambda kv: -kv[1]["pairs"]):
         lat = api.pop("latencies")
@@ -257,6 +264,23 @@ def compute_stats(rows: Iterable[dict], top: int = 10) -> dict[str, Any]:
                                for (topic, principal), (n, records) in sorted(
                                    writers.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0][0], kv[0][1] or ""))]
                               if has_principal else None)}
+
+
+def _named(counts: dict, id_names: dict[str, str], rename=lambda key, name: name,
+           add=lambda a, b: a + b) -> dict:
+    """``counts`` with keys naming a topic id (the key itself, or its topic per ``rename``)
+    moved to its name, merged with ``add``."""
+    out: dict = {}
+    for key, value in counts.items():
+        topic = key[0] if isinstance(key, tuple) else key
+        if topic in id_names:
+            key = rename(key, id_names[topic])
+        out[key] = add(out[key], value) if key in out else value
+    return out
+
+
+def _add_pairs(a: list, b: list) -> list:
+    return [a[0] + b[0], a[1] + b[1]]
 
 
 def _count_writers(writers: dict, row: dict) -> None:

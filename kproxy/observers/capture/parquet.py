@@ -77,6 +77,7 @@ _TOPIC_RECORDS = pa.struct([("topic", pa.string()), ("record_count", pa.int64())
 
 _TELEMETRY_METRIC = pa.struct([("name", pa.string()), ("attributes", pa.string()),
                                ("value", pa.float64())])
+_TOPIC_IDS = pa.struct([("topic_id", pa.string()), ("topic", pa.string())])
 
 SCHEMA = pa.schema([
     ("capture_version", pa.int16()),
@@ -121,6 +122,7 @@ SCHEMA = pa.schema([
     # version 4
     ("client_instance_id", pa.string()),
     ("telemetry_metrics", pa.list_(_TELEMETRY_METRIC)),
+    ("topic_ids", pa.list_(_TOPIC_IDS)),          # id -> name pairs this row knows (Metadata answers, ids resolved)
 ], metadata={b"kproxy.capture.schema_version": str(SCHEMA_VERSION).encode()})
 
 COLUMNS = tuple(SCHEMA.names)
@@ -194,6 +196,9 @@ class ParquetSink(RotatingSink):
             columns["topic_records"] = [
                 None if entries is None else [dict(e, topic=_text(e["topic"])) for e in entries]
                 for entries in columns["topic_records"]]
+            columns["topic_ids"] = [
+                None if pairs is None else [dict(e, topic=_text(e["topic"])) for e in pairs]
+                for pairs in columns["topic_ids"]]
             table = pa.Table.from_pydict(columns, schema=SCHEMA)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             self.counters.row_errors += pending - 1      # the writer counts the one that raised

@@ -148,7 +148,11 @@ def _topic_name(item: Struct, names: dict[str, str], facts: Facts) -> str:
     topic_id = values.get("topic_id")
     if topic_id is not None:
         text = str(topic_id)
-        return names.get(text, text)
+        name = names.get(text)
+        if name is None:
+            return text
+        facts.topic_ids[text] = name         # the row says which id it named by that name
+        return name
     return ""
 
 
@@ -294,6 +298,10 @@ def build_row(info, request, response, outcome: str, wall_offset: float,
     row["principal"] = getattr(info, "principal", None)
     # schema version 4: client telemetry (KIP-714)
     row["client_instance_id"], row["telemetry_metrics"] = _telemetry(request.api_key, req_body, resp_body)
+    # schema version 4: the topic ids this pair named with their names: a Metadata
+    # answer's, or ids resolved to the names in ``topics``; the pipeline resolves other rows' ids.
+    row["topic_ids"] = ([{"topic_id": i, "topic": n} for i, n in facts.topic_ids.items()]
+                        if facts.topic_ids else None)
     if bodies:
         row["request"] = to_json(req_body, include_record_data) if req_body is not None else None
         row["response"] = to_json(resp_body, include_record_data) if resp_body is not None else None

@@ -103,7 +103,7 @@ class Writer(threading.Thread):
         self.defer_pcap = self.filter.has_topics
         self.conns: dict[int, _Conn] = {}
         self.pending_bytes = 0               # frames of requests in all conns' pending
-        self.topic_names: dict[str, str] = {}
+        self.topic_names: dict[str, str] = dict(self.capture.learned_topic_names)
         self.instance = self.capture.instance_name
         self._logged_row_error = False
 
