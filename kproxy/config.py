@@ -21,6 +21,7 @@ from .protocol.connection import DEFAULT_MAX_FRAME_SIZE
 
 if TYPE_CHECKING:
     from .observers.audit import AuditConfig
+    from .policy import Policy
 
 HostPort = tuple[str, int]
 
@@ -215,6 +216,10 @@ class Config:
     # rotate_bytes, keep, log, queue_max_items) or ``audit_file`` (its path alone). Without a
     # path, events still go to the kproxy.audit logger (``audit.log``, on by default).
     audit: "AuditConfig" = field(default_factory=lambda: _default_audit())
+    # Policy rules (see kproxy/policy): a TOML or YAML file, read once at start into ``policy``.
+    # Judged on every request (dry run); rules marked enforce = true are also enforced.
+    policy_file: str | None = None
+    policy: "Policy | None" = field(default=None, repr=False)
 
     @property
     def proxy_protocol_versions(self) -> frozenset[int]:
@@ -248,7 +253,7 @@ _SCALARS: dict[str, type] = {
     "metrics_label_cap": int, "capture_autostart": bool,
     "instance_name": str,
     "capture_root": str, "capture_allow_record_data": bool, "admin_token_file": str,
-    "admin_token": str, "workers": int, "proxy_protocol": str,
+    "admin_token": str, "workers": int, "proxy_protocol": str, "policy_file": str,
 }
 _KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "probe_listen", "broker_port_map",
                           "tls_server", "tls_client", "capture", "proxy_protocol_trusted_cidrs",
@@ -262,12 +267,14 @@ def setting_names() -> frozenset[str]:
 
 def _default_audit():
     from .observers.audit import AuditConfig
+    from .policy import Policy
     return AuditConfig()
 
 
 def _audit(table: Any, path: Any):
     """The audit table (or JSON object from KPROXY_AUDIT), with ``audit_file`` as its path."""
     from .observers.audit import AuditConfig
+    from .policy import Policy
     if table is not None and not isinstance(table, (Mapping, str)):
         raise ConfigError("audit: expected a table of settings")
     merged: dict[str, Any] = {}
@@ -284,6 +291,17 @@ def _audit(table: Any, path: Any):
             raise
         raise ConfigError(str(exc).replace("audit.path", "audit_file" if path is not None else "audit.path")) \
             from None
+
+
+def _policy(values: dict[str, Any]) -> None:
+    """The rules file, read once (its errors name the file, the rule and the key)."""
+    path = values.get("policy_file")
+    if path:
+        from .policy import PolicyError, load_policy
+        try:
+            values["policy"] = load_policy(path)
+        except PolicyError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
@@ -549,6 +567,7 @@ def build(*layers: Mapping[str, Any]) -> Config:
         values[key] = _coerce(key, value, _SCALARS[key])
     _capture_root(values)
     _admin_token(values)
+    _policy(values)
     config = Config(**values)
     _validate(config)
     return config

@@ -27,6 +27,7 @@ from prometheus_client import generate_latest
 from . import startup_log
 from .config import Config, show_address
 from .observers.audit import Audit
+from .observers.policy import PolicyObserver
 from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.live import LiveView
@@ -83,12 +84,15 @@ class Runtime:
         self.capture = Capture(instance_name=config.instance_name)
         # The audit trail (file and/or kproxy.audit log lines); not an observer when both are off.
         self.audit = Audit(config.audit, config.instance_name) if config.audit.enabled else None
+        # Policy rules judged on every request (policy_file); requests refused by enforced ones counted.
+        self.policy = (PolicyObserver(config.policy, config.metrics_label_cap)
+                       if config.policy is not None else None)
         self.metrics = Metrics(client_id_label=config.metrics_client_id_label,
                                topic_label=config.metrics_topic_label,
                                group_label=config.metrics_group_label,
                                principal_label=config.metrics_principal_label,
                                label_cap=config.metrics_label_cap, capture=self.capture,
-                               audit=self.audit,
+                               audit=self.audit, policy=self.policy,
                                in_flight=lambda: self.proxy.in_flight(),
                                traffic=lambda: self.proxy.traffic(),
                                unbound_listeners=lambda: len(self.proxy.unbound))
@@ -96,7 +100,9 @@ class Runtime:
         self.live = LiveView(include_record_data=config.capture_allow_record_data,
                              instance_name=config.instance_name, pair_ids=worker_ids())
         audit = [self.audit] if self.audit is not None else []
-        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *audit, *observers])
+        policy = [self.policy] if self.policy is not None else []
+        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *audit, *policy, *observers],
+                           policy_refused=self.policy.refused if self.policy is not None else None)
         self.admin = AdminServer({
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
             "/capture": self._capture_status,

@@ -39,11 +39,13 @@ PRODUCE_KEY, FETCH_KEY, API_VERSIONS_KEY = 0, 1, 18
 SKIMMED: dict[tuple[str, int], frozenset[str]] = {
     ("request", PRODUCE_KEY): frozenset({
         "name", "topic_id",                         # the topic (v13+: by id)
-        "records"}),
+        "records",
+        "acks"}),                                   # policy rules (kproxy.policy)
     ("response", PRODUCE_KEY): frozenset({"throttle_time_ms", "node_endpoints"}),
     ("request", FETCH_KEY): frozenset({              # a consumer's positions (consumer lag)
         "replica_id", "replica_state", "isolation_level", "session_epoch",
-        "topic", "topic_id", "partition", "fetch_offset", "forgotten_topics_data"}),
+        "topic", "topic_id", "partition", "fetch_offset", "forgotten_topics_data",
+        "max_wait_ms", "max_bytes"}),                # policy rules (kproxy.policy)
     ("response", FETCH_KEY): frozenset({
         "throttle_time_ms", "topic", "topic_id", "partition_index", "high_watermark",
         "last_stable_offset", "records", "node_endpoints"}),

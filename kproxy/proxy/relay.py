@@ -176,6 +176,8 @@ class RelayPolicy:
     # The context for a new upstream connection (the newest, as TLS files are reloaded); None: plaintext.
     upstream_ssl: Callable[[], ssl.SSLContext | None] | None = None
     upstream_check_hostname: bool = True
+    # A connection's enforcement of policy rules (``policy_gate.PolicyGate``); None: none enforced.
+    gate: Callable[[], object] | None = None
     unreachable_log: LogBudget = field(default_factory=lambda: unreachable_log_budget())
 
 
@@ -633,6 +635,7 @@ class Relay:
     _unobserved: deque | None = field(default=None, repr=False)
     _request_deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
     budget: BufferBudget | None = None
+    gate: object | None = None           # a policy_gate.PolicyGate when rules are enforced
 
     @property
     def in_flight(self) -> int:
@@ -692,6 +695,11 @@ class Relay:
     def _from_client(self, data: memoryview) -> bool:
         """Forward a read from the client; True when it only filled the large request being
         assembled in place (no frame ends: nothing to observe, no deadline to change)."""
+        if self.gate is not None:
+            return self._through_gate(data)
+        return self._relay_client(data)
+
+    def _relay_client(self, data) -> bool:
         tracker = self.tracker
         filled = tracker.fills_request(data)
         if not filled:
@@ -759,9 +767,59 @@ class Relay:
             self.client.resume("requests in flight")
         if events:
             self._observe(events)
+            if self.gate is not None:
+                self._answer_refused(events)
         if self.client_done_sending and not tracker.in_flight:
             self.finish("client closed, its answers delivered")
         return False
+
+    # ------------------------------------------------------------ enforced policy rules
+
+    def _through_gate(self, data: memoryview) -> bool:
+        """With enforced rules: requests go on only once whole and judged; a refused one is
+        answered by kproxy (``policy_gate``) in its turn, and never reaches the broker."""
+        gate = self.gate
+        try:
+            parts = gate.feed(data, self.tracker.in_raw_sasl)
+        except ProtocolViolation as exc:
+            self.finish(str(exc))
+            return False
+        self.last_active = time.monotonic()
+        for part in parts:
+            if self.close_reason is not None:
+                return False
+            if part.__class__ is bytes:
+                self._relay_client(part)
+                continue
+            self.bytes_from_client += len(part.event.frame) + 4
+            self._observe([part.event])
+            if part.answer is not None:
+                gate.hold(part, self.tracker.in_flight)
+                self._answer_refused(())
+        self.client.read_limit = min(READ_CHUNK, gate.missing + PIPELINED_READ_BYTES)
+        if self._request_deadline is not None and (parts or not gate.partial):
+            self._request_deadline.cancel()
+            self._request_deadline = None
+        if gate.partial and self._request_deadline is None:
+            self._request_deadline = asyncio.get_running_loop().call_later(
+                REQUEST_DEADLINE_S, self.finish,
+                f"request not complete {REQUEST_DEADLINE_S:g}s after its first byte")
+        return False
+
+    def _answer_refused(self, events) -> None:
+        """Write the answers to refused requests whose turn has come (``events``: the broker's
+        just delivered)."""
+        gate = self.gate
+        gate.answered += sum(1 for e in events if e.__class__ is ResponseReceived)
+        due = gate.due()
+        if not due:
+            return
+        now = time.monotonic()
+        for refusal in due:
+            frame = refusal.answer
+            self.client.transport.write(len(frame).to_bytes(4, "big") + frame)
+            self.bytes_to_client += len(frame) + 4
+        self._observe([refusal.answered(now) for refusal in due])
 
     def _observe(self, events: list) -> None:
         """Give events to the observers: at once, or a step per turn of the loop if many."""
@@ -917,6 +975,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
                                keep_bodies=bodies_needed(policy.observers), assemble=assemble)
     # Those that take events (one with lifecycle hooks only says ``takes_events = False``).
     relay.observers = [o for o in policy.observers if getattr(o, "takes_events", True)]
+    relay.gate = policy.gate() if policy.gate is not None else None
     for endpoint in (client, broker):
         endpoint.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
     log.info("conn=%d open client=%s:%d%s listener=%s upstream=%s:%d",

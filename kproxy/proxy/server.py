@@ -64,6 +64,7 @@ from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
 from .own_requests import READINESS_TIMEOUT_S, OwnRequests
 from .proxy_protocol import HeaderGate, serve_proxied
+from .policy_gate import PolicyGate
 from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
 from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
@@ -162,8 +163,11 @@ class UnboundListener:
 class Proxy:
     """A running kproxy: call ``start()``, then ``stop()`` (graceful) when done."""
 
-    def __init__(self, config: Config, observers: Iterable[Observer] = ()):
+    def __init__(self, config: Config, observers: Iterable[Observer] = (),
+                 policy_refused: dict[str, int] | None = None):
+        """``policy_refused``: where requests refused by enforced policy rules are counted, by rule."""
         self.config = config
+        self.policy_refused = policy_refused if policy_refused is not None else {}
         self.observers: list[Observer] = [*observers, self._log_decode_failures, MisconfigurationLog()]
         # Asked for every answer. Clients use a few (API, version) pairs, but may send any.
         self.hold = functools.lru_cache(HOLD_ANSWERS_CACHED)(self._holds)
@@ -556,9 +560,13 @@ class Proxy:
         return RelayPolicy(
             name=name, node_id=node_id, upstreams=upstreams, observers=self.observers,
             hold=self.hold, transform=self.transform, max_frame_size=c.max_frame_size,
+            gate=self._policy_gate if c.policy is not None and c.policy.enforcing else None,
             connect_timeout=c.connect_timeout, upstream_ssl=self._upstream_ssl if c.tls_client else None,
             upstream_check_hostname=c.tls_client.check_hostname if c.tls_client else True,
             unreachable_log=self._unreachable_log)
+
+    def _policy_gate(self) -> PolicyGate:
+        return PolicyGate(self.config.policy, self.config.max_frame_size, self.policy_refused)
 
     def _bootstrap_candidates(self) -> list[HostPort]:
         """Every configured upstream, starting with the next in turn (spreads bootstrap load)."""
