@@ -388,6 +388,9 @@ class Policy:
     """The rules of one file. ``violations(subject)`` judges one request."""
     rules: tuple[Rule, ...]
     source: str = ""
+    # The file's content as read: what ``parse_policy`` makes this Policy from again where
+    # it cannot be sent (Spark executors; compiled patterns do not pickle).
+    data: Any = field(default=None, compare=False, repr=False)
     _by_api: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
@@ -455,7 +458,7 @@ def parse_policy(data: Any, source: str) -> Policy:
         if error not in ERROR_CODES or error == "NONE":
             raise _fail(f"{at}.error", f"expected a Kafka error name (POLICY_VIOLATION, ...), got {error!r}")
         rules.append(Rule(str(name), kind, enforce, error, cls(options, at)))
-    return Policy(tuple(rules), source)
+    return Policy(tuple(rules), source, data)
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -8,6 +8,7 @@ use it get the ``spark`` marker, so ``pytest -m "not spark"`` leaves them out.
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -24,6 +25,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def spark():
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)     # Python workers: this venv's interpreter
     from pyspark.sql import SparkSession
     session = (SparkSession.builder.master("local[2]").appName("kproxy-tests")
                .config("spark.ui.enabled", "false")

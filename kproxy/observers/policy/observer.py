@@ -53,17 +53,24 @@ class PolicyObserver:
         self._wall_offset = time.time() - time.monotonic()
 
     def __call__(self, info, events) -> None:
+        """Requests are judged with their answer (those that get none: when sent), the
+        connection's software as of that pair, as a capture row has it: the same judgement
+        as ``kproxy analyze`` makes of the capture."""
+        rules_for = self.policy.rules_for
         for event in events:
             cls = event.__class__
-            if cls is RequestReceived:
-                if self.policy.rules_for(event.api_key):
-                    self._judge(info, event)
-            elif cls is ResponseReceived and event.request_event.api_key == API_VERSIONS:
-                software = software_named(event)
-                if software is not None:
-                    if len(self._software) >= MAX_CONNECTIONS_TRACKED:
-                        self._software.clear()
-                    self._software[info.id] = (software.name, software.version)
+            if cls is ResponseReceived:
+                request = event.request_event
+                if request.api_key == API_VERSIONS:
+                    software = software_named(event)
+                    if software is not None:
+                        if len(self._software) >= MAX_CONNECTIONS_TRACKED:
+                            self._software.clear()
+                        self._software[info.id] = (software.name, software.version)
+                if rules_for(request.api_key):
+                    self._judge(info, request)
+            elif cls is RequestReceived and not event.expects_response and rules_for(event.api_key):
+                self._judge(info, event)
 
     def connection_closed(self, info, reason=None, in_flight=None) -> None:
         if info is not None:
