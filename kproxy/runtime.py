@@ -109,7 +109,7 @@ class Runtime:
             "/capture/start": {"POST": self._capture_start},
             "/capture/stop": {"POST": self._capture_stop},
         }, admin_token=config.admin_token, protected=CAPTURE_ROUTES,
-            web_routes=LiveRoutes(self.live).routes(), protected_prefixes=(LIVE_PREFIX,))
+            web_routes=LiveRoutes(self.live, self.policy).routes(), protected_prefixes=(LIVE_PREFIX,))
         # /healthz on either port: the event loop's heartbeat (probes.LoopHeartbeat).
         self.heartbeat = LoopHeartbeat()
         self.probe_slot = probe_slot

@@ -9,6 +9,8 @@ topic, on the same kproxy, see nothing.
 
 from __future__ import annotations
 
+import json
+import urllib.request
 import uuid
 
 import pytest
@@ -34,6 +36,7 @@ check = "client_id"
 pattern = "^(svc-|adminclient-)"
 """
 TOOL_TIMEOUT_S = 120
+TOKEN = "policy-page-token"
 
 
 def _produce(bootstrap: str, topic: str, acks: str, client_id: str, count: int = 3):
@@ -53,7 +56,8 @@ def test_enforced_rules_answer_with_broker_errors(kafka_cluster, tmp_path):
     rules = tmp_path / "policy.toml"
     rules.write_text(RULES)
     good, bad = f"team-{uuid.uuid4().hex[:8]}", f"misc-{uuid.uuid4().hex[:8]}"
-    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, policy_file=str(rules)) as proxy:
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, policy_file=str(rules),
+                     admin_token=TOKEN) as proxy:
         def topics_tool(*args, check=True):
             return run_tool(kafka_cluster, kafka_cluster.tools.topics, "--bootstrap-server", proxy.bootstrap,
                             *args, check=check, timeout=TOOL_TIMEOUT_S)
@@ -79,6 +83,20 @@ def test_enforced_rules_answer_with_broker_errors(kafka_cluster, tmp_path):
                      for name, labels in m if name == "kproxy_policy_violations_total"}
         assert ("acks-all", "svc-careful") not in violators
         assert {rule for rule, _ in violators} <= {"acks-all", "team-topics", "named"}
+
+        # The live page's policy panel: each violator once, with its first request.
+        request = urllib.request.Request(proxy.admin_url + "/live/policy",
+                                         headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            page = json.load(r)
+        assert {r["name"]: (r["enforce"], r["refused"]) for r in page["rules"]} == {
+            "acks-all": (True, sample(m, "kproxy_policy_refused_total", rule="acks-all")),
+            "team-topics": (True, 1), "named": (False, 0)}
+        careless = next(v for v in page["violators"] if v["client_id"] == "svc-careless")
+        assert careless["rule"] == "acks-all" and careless["enforced"]
+        assert careless["example"]["api"] == "Produce" and careless["example"]["reason"] == "acks=1"
+        topic = next(v for v in page["violators"] if v["rule"] == "team-topics")
+        assert topic["example"]["api"] == "CreateTopics" and bad in topic["example"]["reason"]
 
     # Never forwarded: the topic was not created, and only the acks=all records are in the log.
     listed = run_tool(kafka_cluster, kafka_cluster.tools.topics, "--bootstrap-server",
