@@ -675,7 +675,8 @@ class Relay:
             return
         try:
             if endpoint is self.client:
-                filled = self._from_client(data)
+                # Enforced policy rules judge requests before they go on (``_through_gate``).
+                filled = self._from_client(data) if self.gate is None else self._through_gate(data)
             else:
                 filled = self._from_broker(data)
             # A read that only filled a frame assembled in a buffer allocated whole changes
@@ -695,11 +696,6 @@ class Relay:
     def _from_client(self, data: memoryview) -> bool:
         """Forward a read from the client; True when it only filled the large request being
         assembled in place (no frame ends: nothing to observe, no deadline to change)."""
-        if self.gate is not None:
-            return self._through_gate(data)
-        return self._relay_client(data)
-
-    def _relay_client(self, data) -> bool:
         tracker = self.tracker
         filled = tracker.fills_request(data)
         if not filled:
@@ -789,7 +785,7 @@ class Relay:
             if self.close_reason is not None:
                 return False
             if part.__class__ is bytes:
-                self._relay_client(part)
+                self._from_client(part)
                 continue
             self.bytes_from_client += len(part.event.frame) + 4
             self._observe([part.event])
