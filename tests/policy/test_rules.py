@@ -160,3 +160,23 @@ def test_the_gate_refuses_in_order_and_answers_in_the_request_version():
     assert gate.due() == []
     gate.answered += 1
     assert gate.due() == [refusal]
+
+
+def test_capture_rows_are_judged_with_or_without_bodies():
+    """``kproxy analyze``: a JSONL row's request body, or a Parquet row's columns alone."""
+    from kproxy.pipeline.policy import judge_rows, judged_without_bodies
+    policy = _policy(acks={"check": "acks_all"}, zip={"check": "compressed"},
+                     named={"check": "client_id", "pattern": "^svc-"})
+    row = {"time": None, "client_host": "10.0.0.1", "client_port": 5000, "client_id": "app",
+           "api_key": PRODUCE, "api_name": "Produce", "api_version": 9, "client_software_name": "librdkafka",
+           "client_software_version": "2.16.0", "compression": ["none"]}
+    body = json.dumps(to_json(_produce(1, "none")))
+    found = [(rule, client, software, reason) for rule, client, software, _, _, _, _, reason
+             in judge_rows(policy, [{**row, "request": body}, row])]
+    assert found == [("acks", "app", "librdkafka 2.16.0", "acks=1"),
+                     ("zip", "app", "librdkafka 2.16.0", "uncompressed batches"),
+                     ("named", "app", "librdkafka 2.16.0", "client id 'app' does not match"),
+                     # Parquet: no body (acks unknown), compression from its column
+                     ("zip", "app", "librdkafka 2.16.0", "uncompressed batches"),
+                     ("named", "app", "librdkafka 2.16.0", "client id 'app' does not match")]
+    assert judged_without_bodies(policy) == ["acks"]
