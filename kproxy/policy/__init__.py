@@ -9,13 +9,15 @@ places that judge requests so that they agree:
 - ``pipeline/policy`` judges capture rows after the fact (``kproxy analyze``).
 
 - ``rules.py``: the rules file (TOML or YAML), parsed once into a ``Policy``.
+- ``checks.py``: the checks a rule may name.
 - ``subject.py``: what a rule looks at in one request, from a decoded request or a
   capture row alike.
 - ``answers.py``: the answer kproxy gives a refused request.
 """
 
 from .answers import refusal_answer
-from .rules import CHECKS, Policy, PolicyError, Rule, Violation, load_policy
+from .checks import CHECKS, PolicyError
+from .rules import Policy, Rule, Violation, load_policy
 from .subject import Subject
 
 __all__ = ["CHECKS", "Policy", "PolicyError", "Rule", "Subject", "Violation", "load_policy",

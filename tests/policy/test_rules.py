@@ -13,7 +13,8 @@ import pytest
 from kproxy import config as kconfig
 from kproxy.observers.capture.redact import to_json
 from kproxy.policy import PolicyError, Subject, load_policy
-from kproxy.policy.rules import parse_policy, version_number
+from kproxy.policy.checks import version_number
+from kproxy.policy.rules import parse_policy
 from kproxy.protocol import API_KEYS, Request, Struct, decode_response, encode_request, new_body
 from kproxy.protocol.records import CODEC_NAMES
 from kproxy.proxy.policy_gate import PolicyGate, Refusal
