@@ -267,14 +267,12 @@ def setting_names() -> frozenset[str]:
 
 def _default_audit():
     from .observers.audit import AuditConfig
-    from .policy import Policy
     return AuditConfig()
 
 
 def _audit(table: Any, path: Any):
     """The audit table (or JSON object from KPROXY_AUDIT), with ``audit_file`` as its path."""
     from .observers.audit import AuditConfig
-    from .policy import Policy
     if table is not None and not isinstance(table, (Mapping, str)):
         raise ConfigError("audit: expected a table of settings")
     merged: dict[str, Any] = {}

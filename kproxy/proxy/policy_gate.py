@@ -19,7 +19,7 @@ from collections import deque
 
 from ..policy import Policy, Subject, refusal_answer
 from ..policy.answers import NEVER_REFUSED
-from ..protocol.connection import FrameTooLarge, RequestReceived, ResponseReceived
+from ..protocol.connection import FrameTooLarge, RequestReceived, ResponseReceived, wrong_protocol
 from ..protocol.pair_fields import API_VERSIONS, pair_fields
 from ..protocol.client_software import FIRST_NAMING_VERSION
 from ..protocol.messages import decode_request
@@ -54,6 +54,7 @@ class PolicyGate:
         self.counts = counts                  # rule -> requests refused (shared by the process)
         self.clock = clock
         self._buffer = bytearray()
+        self._framed = False                  # a frame has started: the client speaks Kafka
         self._software: tuple[str | None, str | None] = (None, None)
         self.answered = 0                     # broker answers delivered so far
         self._waiting: deque[tuple[int, Refusal]] = deque()    # (due after this many answers, refusal)
@@ -85,7 +86,10 @@ class PolicyGate:
         while end - pos >= 4:
             size, = _SIZE.unpack_from(buffer, pos)
             if size < 0 or size > self.max_frame_size:
-                raise FrameTooLarge(f"client frame of {size} bytes (maximum {self.max_frame_size})")
+                # Before any frame: maybe TLS or HTTP spoken to a Kafka listener (its reply says so).
+                wrong = None if self._framed else wrong_protocol("client", buffer[pos:pos + 4])
+                raise wrong or FrameTooLarge(f"client frame of {size} bytes (maximum {self.max_frame_size})")
+            self._framed = True
             stop = pos + 4 + size
             if stop > end:
                 break

@@ -778,6 +778,9 @@ class Relay:
         try:
             parts = gate.feed(data, self.tracker.in_raw_sasl)
         except ProtocolViolation as exc:
+            reply = getattr(exc, "reply", b"")      # e.g. a TLS alert: tell the client why
+            if reply:
+                self.client.transport.write(reply)
             self.finish(str(exc))
             return False
         self.last_active = time.monotonic()

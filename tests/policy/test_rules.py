@@ -181,3 +181,16 @@ def test_capture_rows_are_judged_with_or_without_bodies():
                      ("zip", "app", "librdkafka 2.16.0", "uncompressed batches"),
                      ("named", "app", "librdkafka 2.16.0", "client id 'app' does not match")]
     assert judged_without_bodies(policy) == ["acks"]
+
+
+def test_the_gate_names_http_spoken_to_a_kafka_port_as_the_tracker_does():
+    from kproxy.protocol.connection import FrameTooLarge, WrongProtocol
+    gate = PolicyGate(_policy(acks={"check": "acks_all", "enforce": True}), 1 << 20, {})
+    with pytest.raises(WrongProtocol) as caught:
+        gate.feed(b"GET /metrics HTTP/1.1\r\n\r\n", False)
+    assert caught.value.reply.startswith(b"HTTP/1.1 400")
+    framed_gate = PolicyGate(_policy(acks={"check": "acks_all", "enforce": True}), 1 << 20, {})
+    framed_gate.feed(framed(encode_request(Request(3, 12, 1, "svc", new_body("request", 3, 12, topics=[])))),
+                     False)
+    with pytest.raises(FrameTooLarge):
+        framed_gate.feed(b"\x7f\xff\xff\xff", False)
