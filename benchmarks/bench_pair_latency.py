@@ -18,7 +18,9 @@ rotating from round to round):
 - ``kproxy <tree>``: through kproxy's relay (the tree's ``Proxy``, with the runtime's
   observers: metrics, capture, live view), as a broker listener serves clients;
 - ``kproxy <tree> -obs``: the same without the runtime's observers: what they add when
-  the broker (here: at once) answers before they are done with the request.
+  the broker (here: at once) answers before they are done with the request;
+- ``kproxy +policy`` (``--policy FILE``): this tree with that ``policy_file`` (a rule that
+  enforces puts the policy gate on the client path).
 
 Relays run in a process of their own (as in production, client and broker elsewhere).
 Figures: median and p99 of the round trip per path, and what each adds to ``direct``
@@ -81,7 +83,7 @@ async def serve_broker(answers, ready) -> None:
     await asyncio.Event().wait()
 
 
-async def serve_relays(upstream: int, ready) -> None:
+async def serve_relays(upstream: int, ready, policy_file: str | None = None) -> None:
     """A bare relay and kproxy's, both to ``upstream``; reports their two ports."""
     loop = asyncio.get_running_loop()
 
@@ -106,7 +108,8 @@ async def serve_relays(upstream: int, ready) -> None:
     from kproxy.proxy.server import Proxy
     from kproxy.runtime import Runtime
     config = config_module.build({"upstream": f"127.0.0.1:{upstream}", "listen": "127.0.0.1:0",
-                                  "admin_listen": "127.0.0.1:0", "broker_port_base": 0})
+                                  "admin_listen": "127.0.0.1:0", "broker_port_base": 0,
+                                  **({"policy_file": policy_file} if policy_file else {})})
     ports = [bare.sockets[0].getsockname()[1]]
     # With the runtime's observers, and with only the proxy's own (no metrics, capture, live).
     for proxy in (Runtime(config).proxy, Proxy(config)):
@@ -132,7 +135,7 @@ def child(argv: list[str]) -> None:
     if argv[0] == "broker":
         uvloop.run(serve_broker(answers, ready))
     else:
-        uvloop.run(serve_relays(int(argv[1]), ready))
+        uvloop.run(serve_relays(int(argv[1]), ready, *argv[2:3]))
 
 
 # ------------------------------------------------------------------ the client
@@ -221,6 +224,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--pairs", type=int, default=300, help="per path, case and round")
     parser.add_argument("--cases", default="produce,fetch")
+    parser.add_argument("--policy", metavar="FILE",
+                        help="also time this tree with this policy_file (paths 'kproxy +policy')")
     parser.add_argument("--pin", action="store_true",
                         help="client and stand-in broker on the first CPU, relays on the second: "
                              "steadier figures (every hop then crosses CPUs, so all paths add more)")
@@ -233,17 +238,20 @@ def main() -> int:
         first, second, *_ = sorted(os.sched_getaffinity(0))
         client_cpus, relay_cpus = {first}, {second}
         os.sched_setaffinity(0, client_cpus)
-    trees = {"kproxy": HERE}
+    trees = {"kproxy": (HERE, [])}
+    if args.policy:
+        trees["kproxy +policy"] = (HERE, [str(Path(args.policy).resolve())])
     for spec in args.kproxy_tree:
         name, _, path = spec.partition("=")
-        trees[f"kproxy {name}"] = Path(path)
+        trees[f"kproxy {name}"] = (Path(path), [])
     frames = pickle.loads(gzip.decompress(FRAMES.read_bytes()))
     broker, (broker_port,) = start(["broker"], HERE, client_cpus)
     processes = [broker]
     ports = {"direct": broker_port}
     try:
-        for label, tree in trees.items():
-            process, (bare_port, kproxy_port, unobserved_port) = start(["relays", str(broker_port)], tree, relay_cpus)
+        for label, (tree, extra) in trees.items():
+            process, (bare_port, kproxy_port, unobserved_port) = start(["relays", str(broker_port), *extra], tree,
+                                                                       relay_cpus)
             processes.append(process)
             ports.setdefault("bare", bare_port)
             ports[label] = kproxy_port

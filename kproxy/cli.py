@@ -246,6 +246,7 @@ RUN_FLAGS = {   # flag -> (config key, help)
     "--log-level": ("log_level", "how much kproxy logs"),
     "--instance-name": ("instance_name", "this kproxy's name in capture rows"),
     "--audit-file": ("audit_file", "JSON Lines file of the audit trail (cluster changes), rotated"),
+    "--policy-file": ("policy_file", "policy rules (TOML/YAML) judged on every request; rules marked enforce are refused"),
     "--workers": ("workers", "worker processes sharing the listener ports (1: one process)"),
     "--proxy-protocol": ("proxy_protocol", "the Kafka listeners take connections only with a PROXY "
                                            "protocol header of this version (behind a load balancer)"),

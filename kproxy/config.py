@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .observers.audit import AuditConfig
     from .proxy.telemetry_offer import TelemetryOffer
     from .observers.capture import CaptureConfig
+    from .policy import Policy
 
 HostPort = tuple[str, int]
 
@@ -216,6 +217,10 @@ class Config:
     # rotate_bytes, keep, log, queue_max_items) or ``audit_file`` (its path alone). Without a
     # path, events still go to the kproxy.audit logger (``audit.log``, on by default).
     audit: "AuditConfig" = field(default_factory=lambda: _default_audit())
+    # Policy rules (see kproxy/policy): a TOML or YAML file, read once at start into ``policy``.
+    # Judged on every request (dry run); rules marked enforce = true are also enforced.
+    policy_file: str | None = None
+    policy: "Policy | None" = field(default=None, repr=False)
 
     @property
     def proxy_protocol_versions(self) -> frozenset[int]:
@@ -249,7 +254,7 @@ _SCALARS: dict[str, type] = {
     "metrics_label_cap": int, "capture_autostart": bool, "client_telemetry": bool,
     "instance_name": str,
     "capture_root": str, "capture_allow_record_data": bool, "admin_token_file": str,
-    "admin_token": str, "workers": int, "proxy_protocol": str,
+    "admin_token": str, "workers": int, "proxy_protocol": str, "policy_file": str,
 }
 _KNOWN = set(_SCALARS) | {"upstreams", "upstream", "listen", "admin_listen", "probe_listen", "broker_port_map",
                           "tls_server", "tls_client", "capture", "proxy_protocol_trusted_cidrs",
@@ -302,6 +307,17 @@ def _audit(table: Any, path: Any):
             raise
         raise ConfigError(str(exc).replace("audit.path", "audit_file" if path is not None else "audit.path")) \
             from None
+
+
+def _policy(values: dict[str, Any]) -> None:
+    """The rules file, read once (its errors name the file, the rule and the key)."""
+    path = values.get("policy_file")
+    if path:
+        from .policy import PolicyError, load_policy
+        try:
+            values["policy"] = load_policy(path)
+        except PolicyError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
@@ -580,6 +596,7 @@ def build(*layers: Mapping[str, Any]) -> Config:
         values[key] = _coerce(key, value, _SCALARS[key])
     _capture_root(values)
     _admin_token(values)
+    _policy(values)
     config = Config(**values)
     _validate(config)
     return config

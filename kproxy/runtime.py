@@ -27,6 +27,7 @@ from prometheus_client import generate_latest
 from . import startup_log
 from .config import Config, show_address
 from .observers.audit import Audit
+from .observers.policy import PolicyObserver
 from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.live import LiveView
@@ -86,12 +87,15 @@ class Runtime:
         self.audit = Audit(config.audit, config.instance_name) if config.audit.enabled else None
         # Client telemetry (KIP-714) harvested from relayed pushes, when asked for.
         self.telemetry = ClientTelemetry(config.metrics_label_cap) if config.client_telemetry else None
+        # Policy rules judged on every request (policy_file); requests refused by enforced ones counted.
+        self.policy = (PolicyObserver(config.policy, config.metrics_label_cap)
+                       if config.policy is not None else None)
         self.metrics = Metrics(client_id_label=config.metrics_client_id_label,
                                topic_label=config.metrics_topic_label,
                                group_label=config.metrics_group_label,
                                principal_label=config.metrics_principal_label,
                                label_cap=config.metrics_label_cap, capture=self.capture,
-                               audit=self.audit, telemetry=self.telemetry,
+                               audit=self.audit, telemetry=self.telemetry, policy=self.policy,
                                in_flight=lambda: self.proxy.in_flight(),
                                traffic=lambda: self.proxy.traffic(),
                                unbound_listeners=lambda: len(self.proxy.unbound))
@@ -101,14 +105,16 @@ class Runtime:
                              telemetry=self.telemetry)
         audit = [self.audit] if self.audit is not None else []
         telemetry = [self.telemetry] if self.telemetry is not None else []
-        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *audit, *telemetry, *observers])
+        policy = [self.policy] if self.policy is not None else []
+        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *audit, *telemetry, *policy, *observers],
+                           policy_refused=self.policy.refused if self.policy is not None else None)
         self.admin = AdminServer({
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
             "/capture": self._capture_status,
             "/capture/start": {"POST": self._capture_start},
             "/capture/stop": {"POST": self._capture_stop},
         }, admin_token=config.admin_token, protected=CAPTURE_ROUTES,
-            web_routes=LiveRoutes(self.live).routes(), protected_prefixes=(LIVE_PREFIX,))
+            web_routes=LiveRoutes(self.live, self.policy).routes(), protected_prefixes=(LIVE_PREFIX,))
         # /healthz on either port: the event loop's heartbeat (probes.LoopHeartbeat).
         self.heartbeat = LoopHeartbeat()
         self.probe_slot = probe_slot

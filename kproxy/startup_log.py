@@ -85,6 +85,14 @@ def _audit(c: Config) -> str:
     return "cluster changes to " + " and ".join(where) if where else "off"
 
 
+def _policy(c: Config) -> str:
+    if c.policy is None:
+        return "off"
+    enforced = [r.name for r in c.policy.rules if r.enforce]
+    return (f"{len(c.policy.rules)} rules from {c.policy_file}; "
+            + (f"enforced: {', '.join(enforced)} (the rest a dry run)" if enforced else "a dry run (none enforced)"))
+
+
 def _proxy_protocol(c: Config) -> str:
     if not c.proxy_protocol_versions:
         return "off"
@@ -124,4 +132,5 @@ def lines(c: Config, bound: Bound) -> list[str]:
     out.append(f"  PROXY protocol   {_proxy_protocol(c)}")
     out.append(f"  capture          {_capture(c, bound)}")
     out.append(f"  audit            {_audit(c)}")
+    out.append(f"  policy           {_policy(c)}")
     return out

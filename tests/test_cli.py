@@ -243,7 +243,7 @@ def test_the_start_up_block_names_every_listener_as_bound(tmp_path):
          "--broker-port-base", "0", "--admin-listen", "127.0.0.1:0", "--probe-listen", "127.0.0.1:0"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        log = _log_until(process, "  audit  ")
+        log = _log_until(process, "  policy  ")            # the block's last line
         text = "\n".join(log)
         # An unknown KPROXY_* variable is a warning with a suggestion; kproxy's other ones are not.
         warnings = [line for line in log if " WARNING kproxy.config " in line]
@@ -255,7 +255,7 @@ def test_the_start_up_block_names_every_listener_as_bound(tmp_path):
                                    f"per broker (ports), upstream 127.0.0.1:1"), text
         fields = {line[2:19].strip(): line for line in block[1:]}       # "  admin            ..."
         assert set(fields) == {"kafka bootstrap", "kafka brokers", "admin", "probes", "TLS", "PROXY protocol",
-                               "capture", "audit"}, text
+                               "capture", "audit", "policy"}, text
         assert fields["audit"].endswith(" cluster changes to the kproxy.audit log"), text
         assert fields["PROXY protocol"].endswith(" off"), text
         bootstrap = re.search(r"kafka bootstrap  127\.0\.0\.1:(\d+) \(clients told 127\.0\.0\.1:\1\)",

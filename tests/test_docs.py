@@ -19,7 +19,7 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 
 # Config fields that are no setting of their own: the parsed form of `upstream`, and the
 # token, which only KPROXY_ADMIN_TOKEN or admin_token_file may carry.
-NOT_SETTINGS = {"upstreams": "upstream", "admin_token": None}
+NOT_SETTINGS = {"upstreams": "upstream", "admin_token": None, "policy": None}   # policy: read from policy_file
 
 LINK = re.compile(r"(!?)\[[^\]]*\]\(([^)\s]+)\)")
 

@@ -86,3 +86,11 @@ def test_a_capture_started_at_start(tmp_path):
     b = block({"capture": {"directory": str(tmp_path), "formats": ["jsonl", "parquet"]},
                "capture_autostart": True}, capture_active=True)
     assert b["capture"] == f"on (capture_autostart) into {tmp_path}, formats jsonl,parquet"
+
+
+def test_a_policy_file(tmp_path):
+    assert block({})["policy"] == "off"
+    rules = tmp_path / "policy.toml"
+    rules.write_text('[rules.acks]\ncheck = "acks_all"\nenforce = true\n\n[rules.named]\ncheck = "client_id"\n')
+    assert block({"policy_file": str(rules)})["policy"] == (
+        f"2 rules from {rules}; enforced: acks (the rest a dry run)")

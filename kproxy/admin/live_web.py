@@ -12,6 +12,7 @@ needs the admin token (the admin listener checks it before these handlers run):
     GET /live/overview                       per-API rate/p99/errors, connections, client inventory
     GET /live/pairs/<id>                     one pair in the capture's JSON form, bodies included
     GET /live/connections/<id>/pcapng        that connection's recent pairs as a pcapng file
+    GET /live/policy                         policy rules and their violators, each with an example
 
 The browser sends the token as ``Authorization: Bearer`` on every call (the page
 reads the stream with ``fetch``, not ``EventSource``, precisely so that the
@@ -89,6 +90,8 @@ class PageRoutes:
             return await self.stream(request)
         if parts == ["overview"]:
             return await self.overview()
+        if parts == ["policy"]:
+            return await self.policy()
         if len(parts) == 2 and parts[0] == "pairs":
             pair_id = parse_id(parts[1])
             if pair_id is None:
@@ -109,6 +112,9 @@ class PageRoutes:
 
     async def pair(self, request: web.Request, pair_id: int) -> web.StreamResponse:
         raise NotImplementedError
+
+    async def policy(self) -> web.Response:
+        return json_answer(200, {"configured": False, "rules": [], "violators": []})
 
     async def pcapng(self, request: web.Request, connection_id: int) -> web.StreamResponse:
         raise NotImplementedError
@@ -178,9 +184,17 @@ async def send_stream(request: web.Request, take: Callable[[], list[dict]], stat
 class LiveRoutes(PageRoutes):
     """The page of one kproxy process, from its ``LiveView``."""
 
-    def __init__(self, live: LiveView):
+    def __init__(self, live: LiveView, policy=None):
+        """``policy``: the policy observer, when a policy_file is set (``/live/policy``)."""
         super().__init__()
         self.live = live
+        self._policy = policy
+
+    async def policy(self) -> web.Response:
+        if self._policy is None:
+            return await super().policy()
+        from ..observers.policy.page import policy_page
+        return json_answer(200, policy_page(self._policy))
 
     async def overview(self) -> web.Response:
         return json_answer(200, self.live.overview())

@@ -226,13 +226,14 @@ class Metrics:
     def __init__(self, client_id_label: bool = False, topic_label: bool = False,
                  label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None,
                  unbound_listeners=None, group_label: bool = False, consumer_lag: bool = True,
-                 principal_label: bool = False, audit=None, telemetry=None):
+                 principal_label: bool = False, audit=None, telemetry=None, policy=None):
         """``in_flight()``, ``traffic()`` and ``unbound_listeners()`` are read at scrape time
         (nothing on the hot path): traffic returns cumulative byte totals keyed like
         ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported.
         ``consumer_lag=False`` leaves the lag out (the metrics benchmark's baseline); ``audit``
         is the audit observer whose event counts are exported; ``telemetry`` the client
-        telemetry harvest (``observers.telemetry``) whose clients' metrics are exported."""
+        telemetry harvest (``observers.telemetry``) whose clients' metrics are exported;
+        ``policy`` the policy observer whose violations and refusals are."""
         # No "_created" series: one more per counter and histogram child, and nothing on the
         # dashboard or in the alerts reads them. Process-wide in prometheus-client; set here,
         # where kproxy's registry is made, so that every exposition of it goes without them.
@@ -323,6 +324,8 @@ class Metrics:
             r.register(_AuditCollector(audit))
         if telemetry is not None:
             r.register(_ClientTelemetryCollector(telemetry, client_id_label, principal_label))
+        if policy is not None:
+            r.register(_PolicyCollector(policy))
 
         self.client_id_label = BoundedLabel(label_cap) if client_id_label else None
         self.topic_label = BoundedLabel(label_cap) if topic_label else None
@@ -1115,6 +1118,33 @@ class _ClientTelemetryCollector:
     def describe(self):
         value, splits, pushes, clients = self._families()
         return [value, *splits, pushes, clients]
+
+
+class _PolicyCollector:
+    """Policy rules: requests breaking each rule, by violator (client id and client software,
+    capped at the label cap: "other" past it), and requests refused by enforced rules (a
+    series per enforced rule, from 0)."""
+
+    VIOLATIONS = ("kproxy_policy_violations", "Requests breaking a policy rule, by rule and violator "
+                  "(client_id, client software); dry run and enforced alike")
+    REFUSED = ("kproxy_policy_refused", "Requests kproxy answered itself with an error because they "
+               "break an enforced policy rule (never forwarded)")
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def collect(self):
+        family = CounterMetricFamily(*self.VIOLATIONS, labels=["rule", "client_id", "client_software"])
+        for (rule, client_id, software), violator in list(self.policy.violators.items()):
+            family.add_metric([rule, client_id, software], violator.count)
+        yield family
+        refused = CounterMetricFamily(*self.REFUSED, labels=["rule"])
+        for rule, count in self.policy.refused.copy().items():
+            refused.add_metric([rule], count)
+        yield refused
+
+    def describe(self):
+        return [CounterMetricFamily(*self.VIOLATIONS), CounterMetricFamily(*self.REFUSED)]
 
 
 class _InFlightCollector:

@@ -74,6 +74,16 @@ def parse_time(text: str, flag: str) -> dt.datetime:
     return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value
 
 
+def _policy(path: str | None):
+    if path is None:
+        return None
+    from ..policy import PolicyError, load_policy
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def add_arguments(sub) -> None:
     """Register ``analyze`` on kproxy's subcommand parser."""
     parser = sub.add_parser("analyze", help="analyse capture files with Spark (tables, summary, report)",
@@ -101,6 +111,9 @@ def configure(parser: argparse.ArgumentParser, default_master: str | None) -> No
         parser.add_argument("--master", default=default_master,
                             help=f"Spark master (default {default_master})")
     parser.add_argument("--no-report", action="store_true", help="tables and summary.json only")
+    parser.add_argument("--policy", metavar="FILE",
+                        help="a policy rules file (TOML/YAML, as kproxy's policy_file): the "
+                             "policy_violations table and report section")
     parser.add_argument("--follow", action="store_true",
                         help="keep the series and the client inventory current over a directory of "
                              "rotating capture files (Structured Streaming)")
@@ -142,6 +155,9 @@ def session(master: str | None, jars: list[str] | tuple[str, ...] = ()):
     if master is not None:
         if master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            # Python workers (the policy table judges rows in Python) run this interpreter,
+            # which has kproxy and its dependencies, not whatever python3 is on the PATH.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             builder = builder.config("spark.sql.shuffle.partitions",
                                      str(LOCAL_SHUFFLE_PARTITIONS_PER_CORE * (os.cpu_count() or 1)))
             if "spark.driver.memory" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
@@ -211,11 +227,13 @@ def run(args, master: str | None) -> int:
         options = Options(window_seconds=parse_window(args.window), top=args.top, fmt=args.format,
                           since=parse_time(args.since, "--since") if args.since else None,
                           until=parse_time(args.until, "--until") if args.until else None,
-                          report=not args.no_report)
+                          report=not args.no_report, policy=_policy(args.policy))
         if options.top <= 0:
             raise UsageError("--top must be positive")
         if args.once and not args.follow:
             raise UsageError("--once goes with --follow")
+        if args.follow and options.policy is not None:
+            raise UsageError("--policy is for a batch run (not --follow)")
         if "://" in args.out and not args.out.startswith("file://"):
             raise UsageError("--out must be a local directory (the report and summary are written "
                              "by the driver); the tables can be copied anywhere from there")

@@ -18,6 +18,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -27,6 +28,9 @@ from .. import __version__
 from . import tables as T
 from .tables import REPORT_ROWS, WORST_P99_MIN_REQUESTS
 from .source import Inputs, InputError, load_capture
+
+if TYPE_CHECKING:
+    from ..policy import Policy
 
 # Tables the report plots over time get all their rows up to this: one row per window
 # and API (or group), so a day at one-minute windows and a dozen APIs fits.
@@ -53,6 +57,7 @@ class Options:
     since: dt.datetime | None = None
     until: dt.datetime | None = None
     report: bool = True
+    policy: "Policy | None" = None      # a rules file to judge the capture by (policy_violations)
 
 
 @dataclass
@@ -62,6 +67,7 @@ class Result:
     tables: dict[str, str] = field(default_factory=dict)       # name -> path
     table_rows: dict[str, int] = field(default_factory=dict)   # name -> rows written
     report: str | None = None
+    policy: dict | None = None                                  # the rules file judged, for summary.json
 
 
 class Progress:
@@ -186,7 +192,7 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
     options = options or Options()
     if options.window_seconds <= 0 or options.top <= 0:
         raise InputError("--window and --top must be positive")
-    stages = len(_PLAN) + 2 + (1 if options.report else 0)
+    stages = len(_PLAN) + 2 + (1 if options.report else 0) + (1 if options.policy is not None else 0)
     progress = progress or Progress(spark, total=stages)
     progress.total = stages
     if options.report:
@@ -218,6 +224,8 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
         written = _write_tables(spark, pairs, out, options, progress)
         for name, _ in _PLAN:                                # summary.json lists them in plan order
             result.tables[name], result.table_rows[name] = written[name]
+        if options.policy is not None:
+            _write_policy_table(spark, inputs, out, options, result, progress)
         progress.stage("summary.json", lambda: _summary(spark, head, inputs, result, options),
                        lambda s: f"{len(s['proxies'])} proxies, {s['client_ids']} client ids, "
                                  f"{s['topics']} topics")
@@ -265,6 +273,21 @@ def _write_tables(spark: SparkSession, pairs: DataFrame, out: str, options: Opti
             raise
 
 
+def _write_policy_table(spark: SparkSession, inputs: Inputs, out: str, options: Options, result: Result,
+                        progress: Progress) -> None:
+    """The ``policy_violations`` table (from the capture files themselves: JSONL rows keep the
+    request bodies that the shared frame leaves out)."""
+    from .policy import judged_without_bodies, policy_violations
+    name = "policy_violations"
+    path = os.path.join(out, "tables", name)
+    df = policy_violations(spark, inputs, options.policy, options.since, options.until)
+    result.tables[name], result.table_rows[name] = path, progress.stage(
+        name, lambda: _write(df, path), lambda n: f"{n:,} rows")
+    result.policy = {"file": options.policy.source, "rules": [r.name for r in options.policy.rules],
+                     "enforced": [r.name for r in options.policy.rules if r.enforce],
+                     "not_judged": judged_without_bodies(options.policy) if inputs.format == "parquet" else []}
+
+
 def _import_report() -> None:
     from . import report  # noqa: F401
 
@@ -301,6 +324,15 @@ TABLE_NAMES = tuple(name for name, _ in _PLAN)
 # Tables built from other tables (the ``built`` argument above), which must be written first.
 _NEEDS = {"anomalies": ("series",), "topics": ("topic_clients",),
           "groups": ("rebalances", "group_members", "group_errors")}
+
+
+def _policy_summary(result: Result, read) -> dict:
+    """summary.json's ``policy``: the rules file, and the violations found (with --policy)."""
+    if result.policy is None:
+        return {}
+    import pyarrow.compute as pc
+    table = read(result.tables["policy_violations"], ["violations"])
+    return {"policy": {**result.policy, "violations": pc.sum(table["violations"]).as_py() or 0}}
 
 
 def _summary(spark: SparkSession, head: dict, inputs: Inputs, result: Result, options: Options) -> dict:
@@ -347,6 +379,7 @@ def _summary(spark: SparkSession, head: dict, inputs: Inputs, result: Result, op
         "groups": groups.num_rows,
         "rebalances": pc.sum(groups["rebalances"]).as_py() or 0,
         "anomalies": read(paths["anomalies"], []).num_rows,
+        **_policy_summary(result, read),
         "clients_on_removed_versions": len(removed.group_by(["client_id", "client_host"]).aggregate([])),
         "inputs": {"format": inputs.format, "files": len(inputs.files), "pruned_files": inputs.pruned},
         "capture_versions": head["versions"],

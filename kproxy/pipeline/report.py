@@ -1025,10 +1025,16 @@ footer { max-width: 1280px; margin: 0 auto; padding: 4px 20px 30px; }
 _SECTIONS = (("headline", "Headline"), ("apis", "Per API"), ("errors", "Errors"), ("time", "Over time"),
              ("clients", "Clients"), ("upgrade", "Upgrade readiness"), ("topics", "Topics"),
              ("groups", "Consumer groups"), ("slowest", "Slowest requests"), ("connections", "Connections"),
-             ("instances", "Proxies"))
+             ("instances", "Proxies"), ("policy", "Policy"))
 
 
-_BODY = (_api_latency, _api_errors, _series, _clients, _topics, _groups, _slowest, _connections, _instances)
+def _policy(data: _Data) -> str:
+    from .report_policy import policy_section
+    return policy_section(data)
+
+
+_BODY = (_api_latency, _api_errors, _series, _clients, _topics, _groups, _slowest, _connections, _instances,
+         _policy)
 
 
 def render(tables: dict[str, list[dict]], summary: dict, plots: _Plots) -> str:

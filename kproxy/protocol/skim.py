@@ -38,11 +38,13 @@ from .walk import _is_error_field
 SKIMMED: dict[tuple[str, int], frozenset[str]] = {
     ("request", ApiKey.PRODUCE): frozenset({
         "name", "topic_id",                         # the topic (v13+: by id)
-        "records"}),
+        "records",
+        "acks"}),                                   # policy rules (kproxy.policy)
     ("response", ApiKey.PRODUCE): frozenset({"throttle_time_ms", "node_endpoints"}),
     ("request", ApiKey.FETCH): frozenset({              # a consumer's positions (consumer lag)
         "replica_id", "replica_state", "isolation_level", "session_epoch",
-        "topic", "topic_id", "partition", "fetch_offset", "forgotten_topics_data"}),
+        "topic", "topic_id", "partition", "fetch_offset", "forgotten_topics_data",
+        "max_wait_ms", "max_bytes"}),                # policy rules (kproxy.policy)
     ("response", ApiKey.FETCH): frozenset({
         "throttle_time_ms", "topic", "topic_id", "partition_index", "high_watermark",
         "last_stable_offset", "records", "node_endpoints"}),

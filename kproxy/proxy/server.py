@@ -67,6 +67,7 @@ from .log_budget import LogBudget
 from .own_requests import READINESS_TIMEOUT_S, OwnRequests
 from .topic_names import TopicNameLookup
 from .proxy_protocol import HeaderGate, serve_proxied
+from .policy_gate import PolicyGate
 from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
 from . import telemetry_offer
@@ -165,8 +166,11 @@ class UnboundListener:
 class Proxy:
     """A running kproxy: call ``start()``, then ``stop()`` (graceful) when done."""
 
-    def __init__(self, config: Config, observers: Iterable[Observer] = ()):
+    def __init__(self, config: Config, observers: Iterable[Observer] = (),
+                 policy_refused: dict[str, int] | None = None):
+        """``policy_refused``: where requests refused by enforced policy rules are counted, by rule."""
         self.config = config
+        self.policy_refused = policy_refused if policy_refused is not None else {}
         self.observers: list[Observer] = [*observers, self._log_decode_failures, MisconfigurationLog()]
         # Client telemetry offered by kproxy itself (telemetry_offer.py), when enabled.
         self.telemetry_offer = (telemetry_offer.TelemetryAnswers(config.telemetry_offer)
@@ -583,9 +587,13 @@ class Proxy:
             name=name, node_id=node_id, upstreams=upstreams, observers=self.observers,
             hold=self.hold, transform=self.transform, max_frame_size=c.max_frame_size,
             local=self.telemetry_offer,
+            gate=self._policy_gate if c.policy is not None and c.policy.enforcing else None,
             connect_timeout=c.connect_timeout, upstream_ssl=self._upstream_ssl if c.tls_client else None,
             upstream_check_hostname=c.tls_client.check_hostname if c.tls_client else True,
             unreachable_log=self._unreachable_log)
+
+    def _policy_gate(self) -> PolicyGate:
+        return PolicyGate(self.config.policy, self.config.max_frame_size, self.policy_refused)
 
     def _bootstrap_candidates(self) -> list[HostPort]:
         """Every configured upstream, starting with the next in turn (spreads bootstrap load)."""

@@ -27,7 +27,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from ..protocol import API_KEYS, OpaqueBody, Struct, new_body
+from ..protocol import OpaqueBody, Struct, new_body
+from ..protocol.api_keys import ApiKey
 from ..protocol.connection import RequestReceived, ResponseReceived
 from .log_budget import LogBudget
 from .own_requests import _ASK_FAILURES, OwnRequests, _failure
@@ -35,7 +36,7 @@ from .relay import notify_hook
 
 log = logging.getLogger("kproxy.server")
 
-METADATA_KEY, FETCH_KEY, PRODUCE_KEY = API_KEYS["Metadata"], API_KEYS["Fetch"], API_KEYS["Produce"]
+METADATA_KEY, FETCH_KEY, PRODUCE_KEY = map(int, (ApiKey.METADATA, ApiKey.FETCH, ApiKey.PRODUCE))
 # Fetch v13+ and Produce v13+ name topics by id (KIP-516; Produce: KIP-1140).
 BY_TOPIC_ID_VERSION = 13
 # Metadata v12 is the first that takes topic ids in the request (Kafka 3.1+, KRaft brokers).

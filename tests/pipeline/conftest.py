@@ -12,6 +12,7 @@ one session.
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -28,6 +29,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def spark():
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)     # Python workers: this venv's interpreter
     from pyspark.sql import SparkSession
     from kproxy.pipeline.kafka_jars import connector_jars
     session = (SparkSession.builder.master("local[2]").appName("kproxy-tests")

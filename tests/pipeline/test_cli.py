@@ -156,3 +156,10 @@ def test_only_the_jvm_incubator_notice_is_dropped_from_spark_stderr():
     cli._pass_on_stderr(source_read, sink_write)
     with os.fdopen(sink_read, "rb") as passed:
         assert passed.read() == b"".join(line for line in lines if line != cli.JVM_INCUBATOR_NOTICE)
+
+
+def test_a_bad_policy_file_is_one_line_naming_rule_and_key(tmp_path):
+    rules = tmp_path / "policy.toml"
+    rules.write_text('[rules.named]\ncheck = "client_id"\npattern = "(a)\\\\1"\n')
+    one_error_line(analyze_cli(str(tmp_path), "--out", str(tmp_path / "out"), "--policy", str(rules)),
+                   f"policy file {rules}: rules.named.pattern:")

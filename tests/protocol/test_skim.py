@@ -96,10 +96,10 @@ def test_partial_body_agrees_with_the_whole_body(kind, api_key, version, seed, w
 
 
 # Fields of each message nobody reads, which a partial body must leave out (where the version has them).
-UNREAD = {("request", 0): {"transactional_id", "acks", "timeout_ms", "index"},
+UNREAD = {("request", 0): {"transactional_id", "timeout_ms", "index"},   # acks: policy rules read it
           ("response", 0): {"index", "base_offset", "log_append_time_ms", "log_start_offset", "record_errors",
                             "error_message"},
-          ("request", 1): {"max_wait_ms", "min_bytes", "max_bytes", "session_id", "current_leader_epoch",
+          ("request", 1): {"min_bytes", "session_id", "current_leader_epoch",    # max_wait_ms, max_bytes: policy
                            "last_fetched_epoch", "log_start_offset", "partition_max_bytes", "rack_id"},
           ("response", 1): {"session_id", "log_start_offset", "aborted_transactions", "preferred_read_replica"},
           ("response", 18): {"api_keys", "api_key"}}     # (its tagged fields are decoded whole)
