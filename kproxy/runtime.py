@@ -27,6 +27,7 @@ from prometheus_client import generate_latest
 from . import startup_log
 from .config import Config, show_address
 from .observers.audit import Audit
+from .observers.failover import Failovers
 from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.live import LiveView
@@ -95,8 +96,14 @@ class Runtime:
         # Record data in the live page only when the operator allows it in capture files.
         self.live = LiveView(include_record_data=config.capture_allow_record_data,
                              instance_name=config.instance_name, pair_ids=worker_ids())
+        # What leader changes cost each client (live page, kproxy_failover_recovery_seconds).
+        self.failovers = Failovers(on_failover=self.metrics.failover_recovered)
+        self.live.panels["failovers"] = self.failovers.recent
         audit = [self.audit] if self.audit is not None else []
-        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *audit, *observers])
+        if self.audit is not None:
+            self.live.panels["audit"] = self.audit.recent
+        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *audit, self.failovers,
+                                    *observers])
         self.admin = AdminServer({
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,
             "/capture": self._capture_status,

@@ -40,13 +40,15 @@ SKIMMED: dict[tuple[str, int], frozenset[str]] = {
     ("request", PRODUCE_KEY): frozenset({
         "name", "topic_id",                         # the topic (v13+: by id)
         "records"}),
-    ("response", PRODUCE_KEY): frozenset({"throttle_time_ms", "node_endpoints"}),
+    ("response", PRODUCE_KEY): frozenset({"throttle_time_ms", "node_endpoints",
+                                          # which partition failed, and the leader hint (failovers)
+                                          "name", "topic_id", "index", "current_leader"}),
     ("request", FETCH_KEY): frozenset({              # a consumer's positions (consumer lag)
         "replica_id", "replica_state", "isolation_level", "session_epoch",
         "topic", "topic_id", "partition", "fetch_offset", "forgotten_topics_data"}),
     ("response", FETCH_KEY): frozenset({
         "throttle_time_ms", "topic", "topic_id", "partition_index", "high_watermark",
-        "last_stable_offset", "records", "node_endpoints"}),
+        "last_stable_offset", "records", "node_endpoints", "current_leader"}),
     # ~80 API entries nobody but the rewriting (which decodes whole) reads: decoding them for
     # the metrics took ~0.9 ms an answer, and a client may ask as often as it likes.
     ("response", API_VERSIONS_KEY): frozenset({"throttle_time_ms"}),

@@ -204,6 +204,7 @@ def tshark(path, *fields, display="kafka", decode_port=BROKER_PORT, options=()):
 V2_COLUMNS = ["proxy_instance", "connection_start", "client_software_name", "client_software_version",
               "group_id", "member_id", "generation"]
 V3_COLUMNS = ["principal"]
+V4_COLUMNS = ["partition_answers"]
 PASSWORD = b"hunter2-never-written"
 
 

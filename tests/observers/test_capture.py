@@ -99,6 +99,8 @@ def test_one_row_per_pair_in_jsonl_and_parquet(capture, tmp_path):
     assert produce["compression"] == ["gzip", "none"]
     assert produce["topic_records"][0]["topic"] == "orders"
     assert produce["outcome"] == "response" and produce["latency_ms"] >= 0
+    assert [(a["topic"], a["error"]) for a in produce["partition_answers"]] == [("orders", "NOT_LEADER_OR_FOLLOWER")]
+    assert by_corr[4]["partition_answers"] is None                  # acks=0: no answer
     assert produce["time"].endswith("Z") and len(produce["time"]) == len("2024-01-01T00:00:00.000000Z")
     # Records summarised per partition in the body, not included.
     summary = produce["request"]["topic_data"][0]["partition_data"][0]["records"]
@@ -112,8 +114,8 @@ def test_one_row_per_pair_in_jsonl_and_parquet(capture, tmp_path):
     assert table.schema.equals(SCHEMA, check_metadata=False)
     assert table.schema.field("time").type == pa.timestamp("us", tz="UTC")
     meta = pq.read_metadata(files(tmp_path, "parquet")[0]).metadata
-    assert meta[b"kproxy.capture.schema_version"] == b"3"
-    assert set(table.column("capture_version").to_pylist()) == {3} and {r["capture_version"] for r in rows} == {3}
+    assert meta[b"kproxy.capture.schema_version"] == b"4"
+    assert set(table.column("capture_version").to_pylist()) == {4} and {r["capture_version"] for r in rows} == {4}
     assert pq.ParquetFile(files(tmp_path, "parquet")[0]).metadata.row_group(0).column(0).compression == "ZSTD"
     prow = {r["correlation_id"]: r for r in table.to_pylist()}[3]
     assert prow["errors"] == ["NOT_LEADER_OR_FOLLOWER"] and prow["record_count"] == 7

@@ -22,7 +22,7 @@ from kproxy.protocol import API_KEYS, Request, Response, Struct, encode_request,
 from kproxy.protocol import schema
 from kproxy.protocol.connection import Connection
 from kproxy.proxy.relay import ConnectionInfo
-from tests.observers.captures import (PASSWORD, V2_COLUMNS, V3_COLUMNS, Link, produce_request, produce_response,
+from tests.observers.captures import (PASSWORD, V2_COLUMNS, V3_COLUMNS, V4_COLUMNS, Link, produce_request, produce_response,
                                       read_jsonl, read_parquet, sasl_plain, v1_rows)
 from tests.protocol.frames import framed
 
@@ -110,8 +110,8 @@ def test_group_columns_per_api(api, version, request_fields, response_fields, ex
 
 def test_other_apis_have_no_group_columns_and_every_row_the_v2_columns():
     row = row_of("Metadata", 12, dict(topics=None), dict(brokers=[], topics=[]))
-    assert list(row)[-len(V2_COLUMNS + V3_COLUMNS):] == V2_COLUMNS + V3_COLUMNS
-    assert row["capture_version"] == SCHEMA_VERSION == 3
+    assert list(row)[-len(V2_COLUMNS + V3_COLUMNS + V4_COLUMNS):] == V2_COLUMNS + V3_COLUMNS + V4_COLUMNS
+    assert row["capture_version"] == SCHEMA_VERSION == 4
     assert row["principal"] is None                        # no client certificate, no SASL
     assert {c: row[c] for c in PAIR_COLUMNS} == dict.fromkeys(PAIR_COLUMNS)
     assert row["proxy_instance"] == "sidecar-3" and row["connection_start"] == OPENED
@@ -221,7 +221,7 @@ def test_group_columns_reach_jsonl_and_parquet(tmp_path):
 
 # ---------------------------------------------------------------- version 1 files still read
 
-V1_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in V2_COLUMNS + V3_COLUMNS],
+V1_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in V2_COLUMNS + V3_COLUMNS + V4_COLUMNS],
                       metadata={b"kproxy.capture.schema_version": b"1"})
 
 
@@ -322,7 +322,7 @@ def test_principal_survives_filters_that_leave_sasl_out(tmp_path):
     assert [(r["api_name"], r["principal"]) for r in read_jsonl(tmp_path)] == [("Produce", "grace")]
 
 
-V2_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in V3_COLUMNS],
+V2_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in V3_COLUMNS + V4_COLUMNS],
                       metadata={b"kproxy.capture.schema_version": b"2"})
 
 

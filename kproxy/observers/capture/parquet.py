@@ -1,18 +1,18 @@
 """Parquet capture: the summary columns of every request/response pair, zstd, in row groups.
 
-Schema version 3 (``SCHEMA_VERSION``; also in each file's key-value metadata
+Schema version 4 (``SCHEMA_VERSION``; also in each file's key-value metadata
 as ``kproxy.capture.schema_version`` and in the ``capture_version`` column).
 Bodies are not stored (use JSONL for those). Timestamps are microseconds,
 UTC (Spark rejects nanoseconds). A new schema version only ever adds
 nullable columns at the end and never changes an existing one, so readers
 of version N read version N+1 files; a version 1 file simply lacks the
-columns marked (v2) and (v3), a version 2 file those marked (v3), which a
-reader takes as null.
+columns marked (v2), (v3) and (v4), a version 2 file those marked (v3) and
+(v4), a version 3 file those marked (v4), which a reader takes as null.
 
 =======================  ================================  ===============================================
 column                   type                              meaning
 =======================  ================================  ===============================================
-capture_version          int16                             schema version of this row (3)
+capture_version          int16                             schema version of this row (4)
 time                     timestamp[us, tz=UTC]             when the request was complete at kproxy
 connection_id            int64                             kproxy's connection id (per process)
 client_host              string                            client address (a PROXY protocol header's, if one named it)
@@ -53,6 +53,10 @@ member_id                string, null (v2)                 the member the broker
 generation               int32, null (v2)                  generation / KIP-848 member epoch
 principal                string, null (v3)                 the SASL PLAIN/SCRAM user the broker accepted,
                                                            else the verified client certificate's subject
+partition_answers        list<struct<topic: string,        Produce, Fetch, Metadata answers: per partition
+                         partition: int32, error: string,  its error name, and a leader with its epoch
+                         leader_id: int32,                 (Metadata: the leader; Produce/Fetch: the
+                         leader_epoch: int32>>, null (v4)  KIP-951 hint, else null)
 =======================  ================================  ===============================================
 """
 
@@ -70,6 +74,10 @@ COMPRESSION = "zstd"
 
 _TOPIC_RECORDS = pa.struct([("topic", pa.string()), ("record_count", pa.int64()),
                             ("record_bytes", pa.int64())])
+
+# Per partition of a Produce, Fetch or Metadata answer (protocol.failover.PartitionAnswer).
+_PARTITION_ANSWER = pa.struct([("topic", pa.string()), ("partition", pa.int32()), ("error", pa.string()),
+                               ("leader_id", pa.int32()), ("leader_epoch", pa.int32())])
 
 SCHEMA = pa.schema([
     ("capture_version", pa.int16()),
@@ -111,6 +119,8 @@ SCHEMA = pa.schema([
     ("generation", pa.int32()),
     # version 3
     ("principal", pa.string()),
+    # version 4
+    ("partition_answers", pa.list_(_PARTITION_ANSWER)),
 ], metadata={b"kproxy.capture.schema_version": str(SCHEMA_VERSION).encode()})
 
 COLUMNS = tuple(SCHEMA.names)
@@ -184,6 +194,9 @@ class ParquetSink(RotatingSink):
             columns["topic_records"] = [
                 None if entries is None else [dict(e, topic=_text(e["topic"])) for e in entries]
                 for entries in columns["topic_records"]]
+            columns["partition_answers"] = [
+                None if answers is None else [dict(a, topic=_text(a["topic"])) for a in answers]
+                for answers in columns["partition_answers"]]
             table = pa.Table.from_pydict(columns, schema=SCHEMA)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             self.counters.row_errors += pending - 1      # the writer counts the one that raised

@@ -18,13 +18,14 @@ from typing import Any
 
 from ...protocol import DecodeError, Struct, error_name, schema
 from ...protocol.client_software import ClientSoftware
+from ...protocol.failover import PARTITION_APIS, partition_answers
 from ...protocol.pair_fields import (API_VERSIONS, PAIR_COLUMNS, PAIR_FIELDS,  # noqa: F401 (re-exported)
                                      pair_fields)
 from ...protocol.records import iter_batches
 from .filters import header_client_id
 from .redact import inflate, to_json
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Topic ids remembered from Metadata (and the like) to name topics in Fetch v13+ etc.
 MAX_TOPIC_IDS = 100_000
 
@@ -273,6 +274,10 @@ def build_row(info, request, response, outcome: str, wall_offset: float,
     row.update(pair_fields(request.api_key, req_body, resp_body))
     # schema version 3: the client certificate's subject; a SASL user replaces it (the writer's job)
     row["principal"] = getattr(info, "principal", None)
+    # schema version 4: per partition of Produce/Fetch/Metadata answers (failovers)
+    row["partition_answers"] = ([a._asdict() for a in partition_answers(request.api_key, resp_body, topic_names)]
+                                if request.api_key in PARTITION_APIS and isinstance(resp_body, Struct)
+                                else None)
     if bodies:
         row["request"] = to_json(req_body, include_record_data) if req_body is not None else None
         row["response"] = to_json(resp_body, include_record_data) if resp_body is not None else None
