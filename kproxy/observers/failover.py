@@ -24,7 +24,7 @@ from typing import Callable
 from ..protocol.client_software import software_named
 from ..protocol.connection import ResponseReceived
 from ..protocol.failover import (FETCH_KEY, METADATA_KEY, PRODUCE_KEY, ClientKey, Failover,
-                                 FailoverTracker, LeaderBook, partition_answers)
+                                 FailoverTracker, LeaderBook, any_error, partition_answers)
 from ..protocol.pair_fields import API_VERSIONS
 from ..protocol.sasl import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY, SaslPrincipal
 
@@ -110,6 +110,8 @@ class Failovers:
         response = event.partial
         if response is None or response.is_opaque:
             return
+        if not self.tracker.failing(client) and not any_error(key, response.body):
+            return                               # the common case: nothing failed, nothing pending
         answers = partition_answers(key, response.body, self._names)
         if not answers:
             return

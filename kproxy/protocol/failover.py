@@ -167,6 +167,18 @@ def partition_answers(api_key: int, body, names: dict[str, str] | None = None) -
     return out
 
 
+def any_error(api_key: int, body) -> bool:
+    """Whether a Produce or Fetch answer carries a partition error (a cheap first look: most
+    answers carry none, and then a client in no failover has nothing to follow)."""
+    fields = body.__dict__
+    partitions_field = "partition_responses" if api_key == PRODUCE_KEY else "partitions"
+    for topic in fields.get("responses") or ():
+        for part in topic.__dict__.get(partitions_field) or ():
+            if part.__dict__.get("error_code"):
+                return True
+    return False
+
+
 # ---------------------------------------------------------------- one client's failovers
 
 class _Pending:
@@ -200,6 +212,10 @@ class FailoverTracker:
     def pending(self) -> int:
         """Partitions some client is failing on now."""
         return len(self._pending)
+
+    def failing(self, client: ClientKey) -> bool:
+        """Whether some partition of this client is in a failover now."""
+        return client in self._by_client
 
     def metadata(self, client: ClientKey, answered: float) -> None:
         for tp in self._by_client.get(client, ()):

@@ -15,20 +15,12 @@ from kproxy.pipeline import failovers as failover_tables
 from kproxy.pipeline.audit import audit
 from kproxy.pipeline.source import load_capture
 from kproxy.protocol import Struct, Uuid
-from tests.observers.captures import Link, produce_request
+from tests.observers.captures import Link, produce_answer, produce_request
 
 NOT_LEADER = 6
 TOPIC_EXISTS = 36
 NO_ID = Uuid(bytes(16))
 PRODUCE_V = 10             # KIP-951 hints from v10
-
-
-def produce_answer(partition: int, error: int = 0, hint=None):
-    part = dict(index=partition, error_code=error, base_offset=0, log_append_time_ms=-1, log_start_offset=0,
-                record_errors=[], error_message=None)
-    if hint is not None:
-        part["current_leader"] = Struct(leader_id=hint[0], leader_epoch=hint[1])
-    return dict(responses=[Struct(name="orders", partition_responses=[Struct(**part)])])
 
 
 def metadata_answer(leaders):
