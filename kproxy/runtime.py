@@ -28,6 +28,7 @@ from . import startup_log
 from .config import Config, show_address
 from .observers.audit import Audit
 from .observers.policy import PolicyObserver
+from .observers.failover import Failovers
 from .observers.capture import Capture
 from .observers.capture import control as capture_control
 from .observers.live import LiveView
@@ -103,10 +104,16 @@ class Runtime:
         self.live = LiveView(include_record_data=config.capture_allow_record_data,
                              instance_name=config.instance_name, pair_ids=worker_ids(),
                              telemetry=self.telemetry)
+        # What leader changes cost each client (live page, kproxy_failover_recovery_seconds).
+        self.failovers = Failovers(on_failover=self.metrics.failover_recovered)
+        self.live.panels["failovers"] = self.failovers.recent
         audit = [self.audit] if self.audit is not None else []
+        if self.audit is not None:
+            self.live.panels["audit"] = self.audit.recent
         telemetry = [self.telemetry] if self.telemetry is not None else []
         policy = [self.policy] if self.policy is not None else []
-        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *audit, *telemetry, *policy, *observers],
+        self.proxy = Proxy(config, [self.metrics, self.capture, self.live, *audit, self.failovers, *telemetry,
+                                    *policy, *observers],
                            policy_refused=self.policy.refused if self.policy is not None else None)
         self.admin = AdminServer({
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics,

@@ -125,6 +125,14 @@ def kafka3_cluster() -> Iterator[KafkaCluster]:
 
 
 @pytest.fixture(scope="session")
+def cluster3(require_kafka) -> Iterator[KafkaCluster]:
+    """Three Kafka 4.x nodes (tests that stop a node or move a leader restore it)."""
+    require_kafka(KAFKA_4_VERSION)
+    with KafkaCluster(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
 def tansu_broker() -> Iterator[TansuBroker]:
     """An in-memory Tansu broker (fresh per session: it never forgets anything)."""
     _skip_if_requested()

@@ -45,7 +45,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..protocol.client_software import ClientSoftware, software_named
 from ..protocol.connection import RequestReceived, ResponseReceived
@@ -75,6 +75,8 @@ PENDING_MAX_BYTES = 64 * 1024 * 1024
 RECENT_MAX_PAIRS = 5000
 RECENT_MAX_BYTES = 32 * 1024 * 1024
 RECENT_MAX_AGE_S = 300.0
+# Audit events and failovers on a page merged from workers' (each worker keeps its latest).
+MERGED_PANEL_ROWS = 200
 # Per-API rate, p99 and error rate over this many recent seconds.
 OVERVIEW_WINDOW_S = 300
 OVERVIEW_SHORT_S = 60
@@ -328,6 +330,9 @@ class LiveView:
         self._thread: threading.Thread | None = None
         self.closed = False
         self._logged_row_error = False
+        # Sections other observers add to the overview (name -> what to show, JSON-able):
+        # the audit trail's latest events, the latest failovers.
+        self.panels: dict[str, Callable[[], Any]] = {}
 
     # ------------------------------------------------------------ hooks (event loop thread)
 
@@ -553,7 +558,8 @@ class LiveView:
                 "counters": {"analysed": self.analysed, "overloaded": self.overloaded,
                              "row_errors": self.row_errors, "viewers": len(self.viewers),
                              "queued": max(self.put_pairs - self.got_pairs, 0)},
-                "record_data_shown": self.include_record_data}
+                "record_data_shown": self.include_record_data,
+                **{name: panel() for name, panel in self.panels.items()}}
 
 
 def _inventory(clients: list[_Client]) -> list[dict]:
@@ -635,7 +641,25 @@ def merge_overviews(overviews: list[dict]) -> dict:
                             "by_listener": dict(sorted(listeners.items()))},
             "inventory": _inventory_list(groups), "counters": counters,
             "client_telemetry": [row for o in overviews for row in o.get("client_telemetry", ())],
-            "record_data_shown": bool(overviews) and all(o["record_data_shown"] for o in overviews)}
+            "record_data_shown": bool(overviews) and all(o["record_data_shown"] for o in overviews),
+            **_merge_panels(overviews)}
+
+
+def _merge_panels(overviews: list[dict]) -> dict:
+    """The workers' audit events and failovers, newest first, as many as one shows."""
+    out: dict = {}
+    audit = [e for o in overviews for e in o.get("audit", ())]
+    if any("audit" in o for o in overviews):
+        out["audit"] = sorted(audit, key=lambda e: e["time"], reverse=True)[:MERGED_PANEL_ROWS]
+    parts = [o["failovers"] for o in overviews if "failovers" in o]
+    if parts:
+        out["failovers"] = {
+            "failovers": sorted((f for p in parts for f in p["failovers"]),
+                                key=lambda f: f["recovered"], reverse=True)[:MERGED_PANEL_ROWS],
+            "leader_changes": sorted((c for p in parts for c in p["leader_changes"]),
+                                     key=lambda c: c["time"], reverse=True)[:MERGED_PANEL_ROWS],
+            "ended": sum(p["ended"] for p in parts), "failing_now": sum(p["failing_now"] for p in parts)}
+    return out
 
 
 def _compact(pair_id: int, row: dict) -> dict:

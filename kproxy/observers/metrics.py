@@ -65,6 +65,10 @@ MAX_CACHED_API_KEYS = 1024
 DEFAULT_LABEL_CAP = 100   # distinct client_id / topic values before folding into "other"
 # Rebalances: a few hundred milliseconds for a small group up to max.poll.interval.ms (5 min).
 REBALANCE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# Failover recovery: a client following a KIP-951 hint recovers in tens of milliseconds, one
+# that waits for Metadata in hundreds, one that waits out retry.backoff or a node's
+# session timeout in seconds to tens of seconds.
+FAILOVER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 # Version label of requests at versions the schema does not define for their API: a client may
 # send any of 65,536, and a series (and cached count) each would grow /metrics without bound.
 UNDEFINED_VERSION_LABEL = "unknown"
@@ -356,6 +360,14 @@ class Metrics:
         self._unknown_software = self.software_connections.labels(UNKNOWN_SOFTWARE, UNKNOWN_SOFTWARE)
         self._conn_software: dict[int, tuple[str, object]] = {}   # connection id -> (name label, gauge child)
 
+        # Failovers (observers/failover.py): recovery time per client software (the software
+        # name label is capped like the inventory's).
+        self.failover_recovery = Histogram(
+            "kproxy_failover_recovery_seconds",
+            "Time a client took to get through a partition leader change: its first request "
+            "failed with a leadership error to its first answer without error, by client software",
+            ["software"], buckets=FAILOVER_BUCKETS, registry=r)
+
         # Consumer groups: the group label is opt-in; without it, totals.
         group = ["group"] if group_label else []
         self.group_label = BoundedLabel(label_cap) if group_label else None
@@ -597,6 +609,11 @@ class Metrics:
         current[1].dec()
         child.inc()
         self._conn_software[info.id] = (name_label, child)
+
+    def failover_recovered(self, failover) -> None:
+        """A ``protocol.failover.Failover`` ended (the failover observer's hook)."""
+        name = (failover.client.software_name or UNKNOWN_SOFTWARE)[:SOFTWARE_LABEL_MAX_CHARS]
+        self.failover_recovery.labels(self._software_name(name)).observe(failover.recovery_seconds)
 
     # ------------------------------------------------------------ consumer groups
 

@@ -25,6 +25,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .. import __version__
+from . import audit as audit_table
+from . import failovers as failover_tables
 from . import tables as T
 from .tables import REPORT_ROWS, WORST_P99_MIN_REQUESTS
 from .source import Inputs, InputError, load_capture
@@ -319,6 +321,9 @@ _PLAN = (
     ("slowest", lambda p, b, o, r: T.slowest(p, o.top)),
     ("connections", lambda p, b, o, r: T.connections(p)),
     ("instances", lambda p, b, o, r: T.instances(p)),
+    ("failovers", lambda p, b, o, r: failover_tables.failovers(p)),
+    ("leader_changes", lambda p, b, o, r: failover_tables.leader_changes(p)),
+    ("audit", lambda p, b, o, r: audit_table.audit(p)),
 )
 TABLE_NAMES = tuple(name for name, _ in _PLAN)
 # Tables built from other tables (the ``built`` argument above), which must be written first.
@@ -379,6 +384,8 @@ def _summary(spark: SparkSession, head: dict, inputs: Inputs, result: Result, op
         "groups": groups.num_rows,
         "rebalances": pc.sum(groups["rebalances"]).as_py() or 0,
         "anomalies": read(paths["anomalies"], []).num_rows,
+        "failovers": read(paths["failovers"], []).num_rows,
+        "audit_events": read(paths["audit"], []).num_rows,
         **_policy_summary(result, read),
         "clients_on_removed_versions": len(removed.group_by(["client_id", "client_host"]).aggregate([])),
         "inputs": {"format": inputs.format, "files": len(inputs.files), "pruned_files": inputs.pruned},

@@ -682,7 +682,7 @@ def _software(row: dict) -> str:
     name, version = row.get("client_software_name"), row.get("client_software_version")
     if name in (None, "unknown") and version in (None, "unknown"):
         return "unknown (never announced)"
-    return f"{name} {version}"
+    return f"{_text(name)} {_text(version)}"      # named by the client: escaped
 
 
 def _upgrade(data: _Data) -> str:
@@ -1022,10 +1022,73 @@ code { font-size: 12px; background: #f3f4f6; padding: 0 3px; border-radius: 3px;
 footer { max-width: 1280px; margin: 0 auto; padding: 4px 20px 30px; }
 """
 
+def _errors_counted(row: dict) -> str:
+    names, counts = row.get("errors") or [], row.get("error_counts") or []
+    return _list([f"{name} ×{n}" for name, n in zip(names, counts)])
+
+
+def _seconds(value) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _failovers(data: _Data) -> str:
+    rows = _sorted(data.rows("failovers"), "first_failure")
+    cols = (Col("first failure", "first_failure", _when), Col("client", _client, css="name"),
+            Col("software", _software, css="k"), Col("principal", "principal"),
+            Col("partition", lambda r: f'{_text(r.get("topic"))}-{_text(r.get("partition"))}', css="name"),
+            Col("API", "api", css="k"),
+            Col("leader", lambda r: f'{_text(r.get("old_leader"))} → {_text(r.get("new_leader"))}', css="k",
+                hint="the node that answered the first failure, and the node of the first success"),
+            Col("recovery s", "recovery_seconds", _seconds, True,
+                "first failed request sent → first answer without error received"),
+            Col("failed requests", "failed_requests", _int, True), Col("errors", _errors_counted),
+            Col("hint", "hint_leader", _text, True, "the leader a KIP-951 hint named, if one did"),
+            Col("Metadata", "metadata_requests", _int, True, "Metadata answers the client got in between"),
+            Col("new leader found by", "recovered_by", css="k",
+                hint="hint: followed the KIP-951 hint; metadata: after a Metadata round trip; "
+                     "retry: neither"))
+    changes = _sorted(data.rows("leader_changes"), "first_named")
+    change_cols = (Col("first named", "first_named", _when),
+                   Col("partition", lambda r: f'{_text(r.get("topic"))}-{_text(r.get("partition"))}', css="name"),
+                   Col("leader", lambda r: f'{_text(r.get("old_leader"))} → {_text(r.get("new_leader"))}', css="k"),
+                   Col("epoch", "epoch", _int, True), Col("named first by", "first_named_by", css="k"),
+                   Col("answers", "answers", _int, True, "answers that named this leader at this epoch"))
+    return _section("failovers", "Failovers",
+                    "What did each partition leader change cost each client? One row per client and "
+                    "partition: the first request that failed with a leadership error "
+                    "(NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, ...), the first answer without error "
+                    "after it, the requests that failed in between, and whether the client went to the "
+                    "leader a KIP-951 hint named or needed a Metadata round trip. Below, the leader "
+                    "changes the answers named.",
+                    data.table("failovers", rows, cols, "None: no client met a leader change in this capture.")
+                    + data.table("leader_changes", changes, change_cols,
+                                 "No leader change was named by a Metadata answer or a KIP-951 hint."))
+
+
+def _audit(data: _Data) -> str:
+    rows = _sorted(data.rows("audit"), "time")
+    cols = (Col("time", "time", _when), Col("principal", "principal"),
+            Col("client", lambda r: f'{_text(r.get("client_id"))} <span class="host">'
+                f'{_text(r.get("client_address"))}</span>', css="name"),
+            Col("software", _software, css="k"), Col("API", _api_of_audit, css="k"),
+            Col("topics", "topics", _list), Col("group", "group_id"),
+            Col("outcome", "outcome", css="k"), Col("errors", "errors", _list),
+            Col("proxy", "proxy_instance", css="k"))
+    return _section("audit", "Audit trail",
+                    "Who changed the cluster, from where, as which user? Every request that creates, "
+                    "deletes or alters something (topics, partitions, configs, ACLs, quotas, users, "
+                    "groups, offsets reset from outside a group), with its answer.",
+                    data.table("audit", rows, cols, "None: no request in this capture changed the cluster."))
+
+
+def _api_of_audit(row: dict) -> str:
+    return f"{_esc(row.get('api'))} v{_esc(row.get('api_version'))}"
+
+
 _SECTIONS = (("headline", "Headline"), ("apis", "Per API"), ("errors", "Errors"), ("time", "Over time"),
              ("clients", "Clients"), ("upgrade", "Upgrade readiness"), ("topics", "Topics"),
              ("groups", "Consumer groups"), ("slowest", "Slowest requests"), ("connections", "Connections"),
-             ("instances", "Proxies"), ("policy", "Policy"))
+             ("instances", "Proxies"), ("policy", "Policy"), ("failovers", "Failovers"), ("audit", "Audit trail"))
 
 
 def _policy(data: _Data) -> str:
@@ -1034,7 +1097,7 @@ def _policy(data: _Data) -> str:
 
 
 _BODY = (_api_latency, _api_errors, _series, _clients, _topics, _groups, _slowest, _connections, _instances,
-         _policy)
+         _policy, _failovers, _audit)
 
 
 def render(tables: dict[str, list[dict]], summary: dict, plots: _Plots) -> str:

@@ -40,14 +40,16 @@ SKIMMED: dict[tuple[str, int], frozenset[str]] = {
         "name", "topic_id",                         # the topic (v13+: by id)
         "records",
         "acks"}),                                   # policy rules (kproxy.policy)
-    ("response", ApiKey.PRODUCE): frozenset({"throttle_time_ms", "node_endpoints"}),
+    ("response", ApiKey.PRODUCE): frozenset({"throttle_time_ms", "node_endpoints",
+                                             # which partition failed, and the leader hint (failovers)
+                                             "name", "topic_id", "index", "current_leader"}),
     ("request", ApiKey.FETCH): frozenset({              # a consumer's positions (consumer lag)
         "replica_id", "replica_state", "isolation_level", "session_epoch",
         "topic", "topic_id", "partition", "fetch_offset", "forgotten_topics_data",
         "max_wait_ms", "max_bytes"}),                # policy rules (kproxy.policy)
     ("response", ApiKey.FETCH): frozenset({
         "throttle_time_ms", "topic", "topic_id", "partition_index", "high_watermark",
-        "last_stable_offset", "records", "node_endpoints"}),
+        "last_stable_offset", "records", "node_endpoints", "current_leader"}),
     # ~80 API entries nobody but the rewriting (which decodes whole) reads: decoding them for
     # the metrics took ~0.9 ms an answer, and a client may ask as often as it likes.
     ("response", ApiKey.API_VERSIONS): frozenset({"throttle_time_ms"}),

@@ -82,6 +82,15 @@ def produce_response(topic="orders", error=0, partition=0):
         record_errors=[], error_message=None)])])
 
 
+def produce_answer(partition: int, error: int = 0, hint=None, topic="orders"):
+    """A Produce v10+ answer for one partition; ``hint``: the KIP-951 (leader id, epoch)."""
+    part = dict(index=partition, error_code=error, base_offset=0, log_append_time_ms=-1, log_start_offset=0,
+                record_errors=[], error_message=None)
+    if hint is not None:
+        part["current_leader"] = Struct(leader_id=hint[0], leader_epoch=hint[1])
+    return dict(responses=[Struct(name=topic, partition_responses=[Struct(**part)])])
+
+
 def metadata_response(topics=("orders",), topic_ids=None, version=12):
     if version < 10:
         return dict(brokers=[Struct(node_id=1, host="127.0.0.1", port=9092, rack=None)], controller_id=1,
@@ -205,7 +214,7 @@ def tshark(path, *fields, display="kafka", decode_port=BROKER_PORT, options=()):
 V2_COLUMNS = ["proxy_instance", "connection_start", "client_software_name", "client_software_version",
               "group_id", "member_id", "generation"]
 V3_COLUMNS = ["principal"]
-V4_COLUMNS = ["client_instance_id", "telemetry_metrics", "topic_ids"]
+V4_COLUMNS = ["client_instance_id", "telemetry_metrics", "topic_ids", "partition_answers"]
 PASSWORD = b"hunter2-never-written"
 
 

@@ -99,6 +99,8 @@ def test_one_row_per_pair_in_jsonl_and_parquet(capture, tmp_path):
     assert produce["compression"] == ["gzip", "none"]
     assert produce["topic_records"][0]["topic"] == "orders"
     assert produce["outcome"] == "response" and produce["latency_ms"] >= 0
+    assert [(a["topic"], a["error"]) for a in produce["partition_answers"]] == [("orders", "NOT_LEADER_OR_FOLLOWER")]
+    assert by_corr[4]["partition_answers"] is None                  # acks=0: no answer
     assert produce["time"].endswith("Z") and len(produce["time"]) == len("2024-01-01T00:00:00.000000Z")
     # Records summarised per partition in the body, not included.
     summary = produce["request"]["topic_data"][0]["partition_data"][0]["records"]

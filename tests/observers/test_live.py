@@ -121,3 +121,24 @@ def test_overviews_of_several_workers_merge_into_the_overview_of_all_their_traff
     (client,) = merged["inventory"]
     assert client["open"] == 3 and client["client_id"] is None and client["listeners"] == ["bootstrap"]
     assert merge_overviews([])["traffic"]["apis"] == []
+
+
+def test_workers_audit_events_and_failovers_merge_newest_first():
+    """``kproxy run --workers``: each worker's latest audit events and failovers, one list."""
+    from kproxy.observers.live import merge_overviews
+
+    def worker(audit_times, recovered, failing):
+        live = LiveView()
+        live.panels["audit"] = lambda: [{"time": t, "api": "CreateTopics"} for t in sorted(audit_times, reverse=True)]
+        live.panels["failovers"] = lambda: {
+            "failovers": [{"recovered": r, "client_id": f"c{r}"} for r in sorted(recovered, reverse=True)],
+            "leader_changes": [{"time": r - 1} for r in recovered], "ended": len(recovered),
+            "failing_now": failing}
+        return live.overview()
+
+    merged = merge_overviews([worker(["2026-01-01T00:00:02Z"], [5.0, 1.0], 1),
+                              worker(["2026-01-01T00:00:03Z", "2026-01-01T00:00:01Z"], [3.0], 0)])
+    assert [e["time"][-3:] for e in merged["audit"]] == ["03Z", "02Z", "01Z"]
+    assert [f["recovered"] for f in merged["failovers"]["failovers"]] == [5.0, 3.0, 1.0]
+    assert (merged["failovers"]["ended"], merged["failovers"]["failing_now"]) == (3, 1)
+    assert "audit" not in merge_overviews([LiveView().overview()])       # audit off: no section

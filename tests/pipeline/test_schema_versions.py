@@ -27,12 +27,13 @@ def write_old(directory, version: int, columns_left_out: list[str], seq: int):
     return path
 
 
-def test_versions_1_2_and_3_read_together(spark, tmp_path):
+def test_versions_1_to_4_read_together(spark, tmp_path):
     write_old(tmp_path, 1, V2_COLUMNS + V3_COLUMNS + V4_COLUMNS, 1)
     write_old(tmp_path, 2, V3_COLUMNS + V4_COLUMNS, 2)
+    write_old(tmp_path, 3, V4_COLUMNS, 3)
     capture = Capture()
     capture.start(CaptureConfig(directory=str(tmp_path), formats=("parquet",)))
-    link = Link(capture, conn_id=300)
+    link = Link(capture, conn_id=400)
     sasl_plain(link, "heidi")
     link.exchange(0, 9, 3, produce_request(), produce_response())
     link.close(capture)
@@ -40,8 +41,10 @@ def test_versions_1_2_and_3_read_together(spark, tmp_path):
     _, df = load_capture(spark, [str(tmp_path)])
     got = sorted((r.connection_id, r.api_name, r.principal)
                  for r in df.select("connection_id", "api_name", "principal").collect())
-    assert got == sorted([(100, "Produce", None)] * 3 + [(200, "Produce", None)] * 3 + [
-        (300, "SaslHandshake", None), (300, "SaslAuthenticate", "heidi"), (300, "Produce", "heidi")])
+    assert got == sorted([(100, "Produce", None)] * 3 + [(200, "Produce", None)] * 3 + [(300, "Produce", None)] * 3 + [
+        (400, "SaslHandshake", None), (400, "SaslAuthenticate", "heidi"), (400, "Produce", "heidi")])
+    answers = [r.partition_answers for r in df.where("connection_id = 400 and api_name = 'Produce'").collect()]
+    assert [[(a.topic, a.partition, a.error) for a in found] for found in answers] == [[("orders", 0, "NONE")]]
 
 
 def test_a_newer_version_is_refused_with_one_line(tmp_path):

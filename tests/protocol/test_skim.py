@@ -97,7 +97,7 @@ def test_partial_body_agrees_with_the_whole_body(kind, api_key, version, seed, w
 
 # Fields of each message nobody reads, which a partial body must leave out (where the version has them).
 UNREAD = {("request", 0): {"transactional_id", "timeout_ms", "index"},   # acks: policy rules read it
-          ("response", 0): {"index", "base_offset", "log_append_time_ms", "log_start_offset", "record_errors",
+          ("response", 0): {"base_offset", "log_append_time_ms", "log_start_offset", "record_errors",
                             "error_message"},
           ("request", 1): {"min_bytes", "session_id", "current_leader_epoch",    # max_wait_ms, max_bytes: policy
                            "last_fetched_epoch", "log_start_offset", "partition_max_bytes", "rack_id"},

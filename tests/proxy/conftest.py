@@ -4,8 +4,8 @@
 - ``start_proxy``: kproxies in front of ``kafka_cluster``, stopped after the test;
 - ``topic``: a one-partition topic per test module;
 - ``client_bytes``: every byte kproxy forwards to clients, for the leak scans;
-- ``cluster3``, ``tls_cluster``: a three-node cluster and a TLS-only node, one each per session
-  (tests that stop a node start it again);
+- ``tls_cluster``: a TLS-only node, one per session (``cluster3``, the three-node cluster, is
+  in ``tests/conftest.py``: the pipeline's failover test uses it too);
 - ``node_ids``, ``workers_proxy``, ``workers_topic``: ``kproxy run --workers 2`` and a topic
   through it, one per module.
 
@@ -75,13 +75,6 @@ def client_bytes(monkeypatch):
     monkeypatch.setattr(Connection, "relay_broker", recording)
     return seen
 
-
-
-@pytest.fixture(scope="session")
-def cluster3(require_kafka) -> Iterator[KafkaCluster]:
-    require_kafka(KAFKA_4_VERSION)
-    with KafkaCluster(3) as cluster:
-        yield cluster
 
 
 @pytest.fixture(scope="session")

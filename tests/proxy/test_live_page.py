@@ -326,7 +326,8 @@ def send_with_markup(proxy) -> None:
     """Metadata and a Produce naming HOSTILE_TOPIC, with HOSTILE_CLIENT_ID in the header, from a
     raw client (Kafka refuses the topic name: the answers carry its error, and still pass)."""
     from kproxy.protocol import Request, Struct, encode_request, new_body
-    from kproxy.protocol.records import Record, build_batch
+    from kproxy.protocol.record_encoder import build_batch
+    from kproxy.protocol.records import Record
     batch = build_batch([Record(0, 1_700_000_000_000, None, b"v" * 20, ())], "none")
     frames = [(3, 12, new_body("request", 3, 12, topics=[Struct(name=HOSTILE_TOPIC, topic_id=bytes(16))],
                                allow_auto_topic_creation=False)),
@@ -370,5 +371,40 @@ def test_markup_in_client_ids_and_topic_names_is_shown_as_text(browser, proxy, t
         screenshot(page, tmp_path, "markup-inventory")
         assert page.evaluate(XSS_TRACES) == [0, None, 0]
         assert not page.errors, page.errors
+    finally:
+        page.close()
+
+
+def test_audit_events_and_failovers_are_listed_as_text(browser, proxy, tmp_path):
+    """A client id is the client's to choose: markup in it shows as text in both sections."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from tests.observers.captures import Link, produce_answer, produce_request
+
+    hostile = '<img src=x onerror="window.pwned=1">'
+    topic = f"audit-{uuid.uuid4().hex[:6]}"
+
+    async def fail_over():                   # on kproxy's event loop, as its relays feed observers
+        before, after = (Link(proxy.runtime.failovers, conn_id=10**9 + i, node_id=i) for i in (1, 2))
+        before.exchange(0, 10, 1, produce_request(topic), produce_answer(0, 6, (2, 5), topic), client_id=hostile)
+        after.exchange(0, 10, 2, produce_request(topic), produce_answer(0, 0, None, topic), client_id=hostile)
+    proxy.call(fail_over())
+    admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, client_id=hostile)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        admin.close()
+    page = open_page(browser, proxy)
+    try:
+        page.locator("#audit tbody tr", has_text=topic).first.wait_for(timeout=WAIT_MS)
+        page.locator("#failovers tbody tr", has_text=topic).first.wait_for(timeout=WAIT_MS)
+        cells = "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+        audit = [r for r in page.eval_on_selector_all("#audit tbody tr", cells) if topic in r[6]]
+        assert [(r[3], r[5], r[7]) for r in audit] == [(hostile, "CreateTopics", "ok")], audit
+        (failover,) = [r for r in page.eval_on_selector_all("#failovers tbody tr", cells) if topic in r[4]]
+        assert (failover[1], failover[4], failover[6], failover[10]) == (hostile, f"{topic}-0", "1 → 2", "hint (hint: 2)")
+        assert page.locator("#audit img, #failovers img").count() == 0
+        assert page.evaluate("window.pwned") is None
+        screenshot(page, tmp_path, "failovers-audit")
     finally:
         page.close()

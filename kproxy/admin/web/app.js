@@ -351,9 +351,38 @@ async function refreshOverview() {
           [`${c.software_name ?? "unknown"} ${c.software_version ?? ""}`], [c.pushes, "num"], [c.metrics, "num"],
           ms(split.queue), ms(split.request), ms(split.broker), ms(split.network)];
       });
+      if (o.failovers) showFailovers(o.failovers);
+      $("#audit-panel").hidden = !o.audit;
+      if (o.audit) showAudit(o.audit);
     } catch (e) { /* refused or down: the state pill says so */ }
   }
   setTimeout(refreshOverview, OVERVIEW_EVERY_MS);
+}
+
+// Every value below may come from a client (client ids, topic names): cells take text only.
+function showFailovers(f) {
+  $("#failovers-note").textContent = `${f.ended} since start · ${f.failing_now} partition(s) failing now` +
+    (f.leader_changes.length ? ` · latest leader change: ${f.leader_changes[0].topic}-${f.leader_changes[0].partition} ` +
+      `${f.leader_changes[0].old_leader ?? "?"} → ${f.leader_changes[0].new_leader}` : "");
+  fillTable($("#failovers tbody"), f.failovers, (x) => [
+    [fmtTime(x.recovered)], [x.client_id ?? "–"], [x.software_name ?? "unknown"], [x.client_host],
+    [`${x.topic}-${x.partition}`], [x.api], [`${x.old_leader ?? "?"} → ${x.new_leader ?? "?"}`, "num"],
+    [x.recovery_seconds.toFixed(3), "num"], [x.failed_requests, "num"],
+    [Object.entries(x.errors).map(([e, n]) => `${e} ×${n}`).join(", "), "wrap"],
+    [x.recovered_by + (x.hint_leader != null ? ` (hint: ${x.hint_leader})` : "")]]);
+}
+
+function auditResources(e) {
+  const r = e.results.map((x) => x.name ?? x.resource_name ?? x.topic ?? x.group_id ?? x.user ??
+                                 (x.request && x.request.resource_name)).filter((x) => x != null);
+  return [...new Set(r)].join(", ");
+}
+
+function showAudit(events) {
+  fillTable($("#audit tbody"), events, (e) => [
+    [e.time], [e.principal], [e.client_address], [e.client_id ?? "–"], [e.client_software_name ?? "unknown"],
+    [e.api], [auditResources(e), "wrap"],
+    [e.outcome + (e.outcome !== "ok" ? ": " + e.results.filter((x) => x.error !== "NONE").map((x) => x.error).join(", ") : "")]]);
 }
 
 // ------------------------------------------------------------------ capture control (the /capture API)

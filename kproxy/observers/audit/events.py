@@ -1,12 +1,7 @@
-"""What is audited, and one audit event made from a request/response pair (no I/O).
+"""One audit event made from a request/response pair (no I/O).
 
-``AUDITED_APIS``: the requests a client sends to change cluster state (the admin
-APIs that create, delete or alter something). ``OffsetCommit`` is audited only
-when it comes from outside the group (``is_outside_commit``): generation -1 and
-no member id, what ``kafka-consumer-groups --reset-offsets --execute`` (the admin
-client's alterConsumerGroupOffsets) sends; a member's own commits are not.
-Broker-to-broker and controller APIs (LeaderAndIsr, AlterPartition, Envelope, the
-share-group state RPCs, ...) are left out: clients do not send them through a proxy.
+What is audited (``AUDITED_APIS``, and OffsetCommit from outside a group) and the
+outcome names live in ``protocol.audited``, shared with ``kproxy analyze``.
 
 ``build_event`` turns a pair into a JSON-able dict: who (principal, address,
 client id and software), what (the API, its decoded request, secrets redacted by
@@ -20,33 +15,13 @@ from typing import Any
 
 from ...protocol import OpaqueBody, Struct, api_name, error_name
 from ...protocol.api_keys import ApiKey
+from ...protocol.audited import (AUDITED_API_NAMES, AUDITED_APIS, NO_GENERATION,  # noqa: F401 (re-exported)
+                                 OFFSET_COMMIT_KEY, OUTCOME_ERROR, OUTCOME_OK, OUTCOME_PARTIAL,
+                                 OUTCOME_UNANSWERED, OUTCOMES, WATCHED_APIS, is_outside_commit,
+                                 outcome_of)
 from ...protocol.schema import API_KEYS
 from ..capture.redact import to_json
 from ..capture.summary import iso_utc
-
-# Client APIs that change cluster state (names as in Kafka's message definitions).
-AUDITED_API_NAMES = (
-    "CreateTopics", "DeleteTopics", "CreatePartitions", "DeleteRecords",
-    "AlterConfigs", "IncrementalAlterConfigs",
-    "CreateAcls", "DeleteAcls",
-    "OffsetDelete", "DeleteGroups", "AlterShareGroupOffsets", "DeleteShareGroupOffsets",
-    "AlterPartitionReassignments", "AlterReplicaLogDirs", "ElectLeaders",
-    "AlterClientQuotas", "AlterUserScramCredentials",
-    "CreateDelegationToken", "RenewDelegationToken", "ExpireDelegationToken",
-    "UpdateFeatures", "UnregisterBroker", "AddRaftVoter", "RemoveRaftVoter",
-)
-AUDITED_APIS = frozenset(API_KEYS[name] for name in AUDITED_API_NAMES if name in API_KEYS)
-# What the observer looks at on the event loop (everything else passes with one set lookup).
-WATCHED_APIS = AUDITED_APIS | {ApiKey.OFFSET_COMMIT}
-
-# Kafka's "no generation" (OffsetCommit generation_id_or_member_epoch) of a commit
-# made outside the group's membership.
-NO_GENERATION = -1
-
-OUTCOME_OK, OUTCOME_ERROR, OUTCOME_PARTIAL = "ok", "error", "partial"
-# The connection closed before the broker answered: the change may or may not have happened.
-OUTCOME_UNANSWERED = "unanswered"
-OUTCOMES = (OUTCOME_OK, OUTCOME_ERROR, OUTCOME_PARTIAL, OUTCOME_UNANSWERED)
 
 # Enum fields spelt out (values from Kafka's AclOperation, AclPermissionType, PatternType,
 # ResourceType, ConfigResource.Type, AlterConfigOp.OpType, ScramMechanism).
@@ -84,14 +59,6 @@ _ERROR_CODE, _ERROR_MESSAGE = "error_code", "error_message"
 # Answer lists not walked: CreateTopics echoes every config of the new topic (no error
 # codes, and the request already names what was set); quota entities are identity.
 _SKIPPED_LISTS = frozenset({"configs", "entity"})
-
-
-def is_outside_commit(body) -> bool:
-    """An OffsetCommit from a client that is not a member of the group (an offset reset,
-    or a consumer using assign() with a group id): no generation and no member id."""
-    fields = body.__dict__
-    return (fields.get("generation_id_or_member_epoch", NO_GENERATION) < 0
-            and not fields.get("member_id"))
 
 
 def _named(value: Any, enums: dict) -> Any:
@@ -171,10 +138,7 @@ def _result(identity: dict, fields: dict) -> dict:
 
 def outcome(found: list[dict]) -> str:
     """ok (every resource accepted), error (none), partial (some)."""
-    failed = sum(1 for r in found if r["error"] != "NONE")
-    if failed == 0:
-        return OUTCOME_OK
-    return OUTCOME_ERROR if failed == len(found) else OUTCOME_PARTIAL
+    return outcome_of(sum(1 for r in found if r["error"] != "NONE"), len(found))
 
 
 class Who:

@@ -19,6 +19,7 @@ import queue
 import sys
 import threading
 import time
+from collections import deque
 from logging.handlers import RotatingFileHandler
 
 from ...protocol.connection import RequestReceived, ResponseReceived
@@ -42,6 +43,8 @@ MAX_CONNECTIONS_TRACKED = 100_000
 # admin requests than this without answers is not one to follow further).
 MAX_PENDING_PER_CONNECTION = 1_000
 STOP_TIMEOUT_S = 10.0
+# Latest events kept for the live page (newest first there): a page shows a screenful.
+RECENT_EVENTS = 50
 _STOP = object()
 _ASK, _ANSWER, _LEARN, _CLOSE = range(4)
 COUNTERS = ("enqueued", "dropped", "write_errors")
@@ -89,6 +92,7 @@ class Audit:
         self._conns: dict[int, _Conn] = {}
         self._wall_offset = time.time() - time.monotonic()
         self._logged_failure = False
+        self._recent: deque = deque(maxlen=RECENT_EVENTS)     # appended by the writer thread
 
     # ------------------------------------------------------------ hooks (event loop thread)
 
@@ -152,6 +156,10 @@ class Audit:
             self._thread.join(timeout)
         if self._file is not None:
             self._file.close()
+
+    def recent(self) -> list[dict]:
+        """The latest events, newest first (the live page's audit section)."""
+        return list(reversed(self._recent))
 
     def counters(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in COUNTERS}
@@ -221,6 +229,7 @@ class Audit:
     def _write(self, info, who: Who, request, response) -> None:
         event = build_event(info, who, request, response, self._wall_offset, self.instance)
         line = json.dumps(event, separators=(",", ":"), ensure_ascii=False, default=str)
+        self._recent.append(event)
         key = (event["api"], event["outcome"])
         self.events[key] = self.events.get(key, 0) + 1
         if self._file is not None:

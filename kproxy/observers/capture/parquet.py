@@ -6,13 +6,13 @@ Bodies are not stored (use JSONL for those). Timestamps are microseconds,
 UTC (Spark rejects nanoseconds). A new schema version only ever adds
 nullable columns at the end and never changes an existing one, so readers
 of version N read version N+1 files; a version 1 file simply lacks the
-columns marked (v2) and (v3), a version 2 file those marked (v3), which a
-reader takes as null.
+columns marked (v2), (v3) and (v4), a version 2 file those marked (v3) and
+(v4), a version 3 file those marked (v4), which a reader takes as null.
 
 =======================  ================================  ===============================================
 column                   type                              meaning
 =======================  ================================  ===============================================
-capture_version          int16                             schema version of this row (3)
+capture_version          int16                             schema version of this row (4)
 time                     timestamp[us, tz=UTC]             when the request was complete at kproxy
 connection_id            int64                             kproxy's connection id (per process)
 client_host              string                            client address (a PROXY protocol header's, if one named it)
@@ -57,6 +57,10 @@ client_instance_id       string, null (v4)                 KIP-714 telemetry pai
 telemetry_metrics        list<struct<name: string,         PushTelemetry: the data points pushed
                          attributes: string,
                          value: float64>>, null (v4)
+partition_answers        list<struct<topic: string,        Produce, Fetch, Metadata answers: per partition
+                         partition: int32, error: string,  its error name, and a leader with its epoch
+                         leader_id: int32,                 (Metadata: the leader; Produce/Fetch: the
+                         leader_epoch: int32>>, null (v4)  KIP-951 hint, else null)
 =======================  ================================  ===============================================
 """
 
@@ -78,6 +82,9 @@ _TOPIC_RECORDS = pa.struct([("topic", pa.string()), ("record_count", pa.int64())
 _TELEMETRY_METRIC = pa.struct([("name", pa.string()), ("attributes", pa.string()),
                                ("value", pa.float64())])
 _TOPIC_IDS = pa.struct([("topic_id", pa.string()), ("topic", pa.string())])
+# Per partition of a Produce, Fetch or Metadata answer (protocol.failover.PartitionAnswer).
+_PARTITION_ANSWER = pa.struct([("topic", pa.string()), ("partition", pa.int32()), ("error", pa.string()),
+                               ("leader_id", pa.int32()), ("leader_epoch", pa.int32())])
 
 SCHEMA = pa.schema([
     ("capture_version", pa.int16()),
@@ -123,6 +130,7 @@ SCHEMA = pa.schema([
     ("client_instance_id", pa.string()),
     ("telemetry_metrics", pa.list_(_TELEMETRY_METRIC)),
     ("topic_ids", pa.list_(_TOPIC_IDS)),          # id -> name pairs this row knows (Metadata answers, ids resolved)
+    ("partition_answers", pa.list_(_PARTITION_ANSWER)),
 ], metadata={b"kproxy.capture.schema_version": str(SCHEMA_VERSION).encode()})
 
 COLUMNS = tuple(SCHEMA.names)
@@ -199,6 +207,9 @@ class ParquetSink(RotatingSink):
             columns["topic_ids"] = [
                 None if pairs is None else [dict(e, topic=_text(e["topic"])) for e in pairs]
                 for pairs in columns["topic_ids"]]
+            columns["partition_answers"] = [
+                None if answers is None else [dict(a, topic=_text(a["topic"])) for a in answers]
+                for answers in columns["partition_answers"]]
             table = pa.Table.from_pydict(columns, schema=SCHEMA)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             self.counters.row_errors += pending - 1      # the writer counts the one that raised

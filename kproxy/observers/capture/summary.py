@@ -19,6 +19,7 @@ from typing import Any
 from ...protocol import DecodeError, Struct, error_name, schema
 from ...protocol.client_software import ClientSoftware
 from ...protocol.client_telemetry import TELEMETRY_KEYS, PUSH_TELEMETRY_KEY, decode_push
+from ...protocol.failover import PARTITION_APIS, partition_answers
 from ...protocol.pair_fields import PAIR_COLUMNS, PAIR_FIELDS, pair_fields  # noqa: F401 (re-exported)
 from ...protocol.records import iter_batches
 from .filters import header_client_id
@@ -302,6 +303,10 @@ def build_row(info, request, response, outcome: str, wall_offset: float,
     # answer's, or ids resolved to the names in ``topics``; the pipeline resolves other rows' ids.
     row["topic_ids"] = ([{"topic_id": i, "topic": n} for i, n in facts.topic_ids.items()]
                         if facts.topic_ids else None)
+    # schema version 4: per partition of Produce/Fetch/Metadata answers (failovers)
+    row["partition_answers"] = ([a._asdict() for a in partition_answers(request.api_key, resp_body, topic_names)]
+                                if request.api_key in PARTITION_APIS and isinstance(resp_body, Struct)
+                                else None)
     if bodies:
         row["request"] = to_json(req_body, include_record_data) if req_body is not None else None
         row["response"] = to_json(resp_body, include_record_data) if resp_body is not None else None
