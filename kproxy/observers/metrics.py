@@ -220,6 +220,88 @@ def _by_reason(name: str, documentation: str, reasons, registry) -> Counter:
     return counter
 
 
+class _ListenerMetrics:
+    """The listeners' families: connections accepted, open and closed; refusals (TLS
+    handshakes, SNI routing, PROXY protocol headers); broker listeners that cannot bind;
+    TLS reloads and certificate expiry. Fed by the lifecycle hooks, never per pair."""
+
+    def __init__(self, r: CollectorRegistry, unbound_listeners=None):
+        self.connections_open = Gauge("kproxy_connections_open", "Client connections open now",
+                                      ["listener"], registry=r)
+        self.connections_opened = Counter("kproxy_connections_opened_total",
+                                          "Client connections accepted", ["listener"], registry=r)
+        self.connections_closed = Counter("kproxy_connections_closed_total",
+                                          "Client connections closed, by reason",
+                                          ["listener", "reason"], registry=r)
+        self.tls_handshake_failures = _by_reason(
+            "kproxy_tls_handshake_failures_total",
+            "Client TLS handshakes that failed, by cause (plaintext or HTTP on a TLS listener, "
+            "certificate problems, no common protocol)", HANDSHAKE_FAILURES, r)
+        self.listener_bind_failures = Counter(
+            "kproxy_listener_bind_failures_total",
+            "Failed attempts to bind a broker listener (its node is withheld from clients meanwhile)",
+            ["listener", "reason"], registry=r)
+        self.sni_refusals = _by_reason(
+            "kproxy_sni_refused_total",
+            "TLS handshakes refused by SNI routing: a server name that is no advertised name, "
+            "none, (a sidecar) another node's, or a node the cluster does not have",
+            SNI_REFUSAL_REASONS, r)
+        self.proxy_header_refusals = _by_reason(
+            "kproxy_proxy_protocol_refused_total",
+            "Connections refused on a PROXY protocol listener: a peer outside the trusted networks, "
+            "no header, one of another version, malformed, too long, not complete in time, or "
+            "closed before it was", PROXY_HEADER_REFUSALS, r)
+        # TLS files reloaded while running (proxy/tls_reload.py), per side: "server" (what
+        # clients see), "client" (what brokers see). Series for a side appear with its first
+        # certificate, both outcomes at zero.
+        self.tls_reloads = Counter(
+            "kproxy_tls_reloads_total",
+            "Reloads of changed TLS files (or on SIGHUP), by side and outcome; a failure keeps "
+            "the certificate in use", ["side", "outcome"], registry=r)
+        self.tls_certificate_expiry = Gauge(
+            "kproxy_tls_certificate_expiry_timestamp_seconds",
+            "When the certificate kproxy presents expires (Unix time), by side; alert well ahead",
+            ["side"], registry=r)
+        unbound = Gauge("kproxy_broker_listeners_unbound",
+                        "Broker listeners kproxy cannot bind now (their nodes are withheld from clients)",
+                        registry=r)
+        unbound.set_function(unbound_listeners or (lambda: 0))
+        self._expiry_sides: set[str] = set()            # sides with an expiry series
+
+    def connection_refused(self, listener: str, reason: CloseCause) -> None:
+        """Accepted, then closed before it was proxied (upstream unreachable, limits, shutdown)."""
+        self.connections_opened.labels(listener).inc()
+        self.connections_closed.labels(listener, reason.label).inc()
+
+    def tls_handshake_failed(self, cause: str) -> None:
+        self.tls_handshake_failures.labels(cause if cause in HANDSHAKE_FAILURES else "other").inc()
+
+    def listener_bind_failed(self, listener: str, error: OSError) -> None:
+        self.listener_bind_failures.labels(listener, bind_failure_label(error)).inc()
+
+    def sni_refused(self, reason: str) -> None:
+        self.sni_refusals.labels(reason).inc()
+
+    def proxy_header_refused(self, listener: str, reason: str) -> None:
+        """A PROXY protocol listener closed a connection for its header (or the lack of one)."""
+        self.proxy_header_refusals.labels(reason if reason in PROXY_HEADER_REFUSALS else "malformed").inc()
+        self.connections_opened.labels(listener).inc()
+        self.connections_closed.labels(listener, CloseKind.PROXY_PROTOCOL.label).inc()
+
+    def tls_certificate_loaded(self, side: str, not_after: float | None) -> None:
+        for outcome in TLS_RELOAD_OUTCOMES:
+            self.tls_reloads.labels(side, outcome)
+        if not_after is not None:
+            self.tls_certificate_expiry.labels(side).set(not_after)
+            self._expiry_sides.add(side)
+        elif side in self._expiry_sides:        # now a CA alone: nothing of kproxy's own expires
+            self.tls_certificate_expiry.remove(side)
+            self._expiry_sides.discard(side)
+
+    def tls_reloaded(self, side: str, outcome: str) -> None:
+        self.tls_reloads.labels(side, outcome).inc()
+
+
 class Metrics:
     """The metrics observer. Call it with (connection info, events); scrape ``registry``."""
 
@@ -273,47 +355,7 @@ class Metrics:
         self._produce_totals, self._fetch_totals = _BatchTotals(), _BatchTotals()
         r.register(_BatchCollector(self._produce_totals, self._fetch_totals))
 
-        self.connections_open = Gauge("kproxy_connections_open", "Client connections open now",
-                                      ["listener"], registry=r)
-        self.connections_opened = Counter("kproxy_connections_opened_total",
-                                          "Client connections accepted", ["listener"], registry=r)
-        self.connections_closed = Counter("kproxy_connections_closed_total",
-                                          "Client connections closed, by reason",
-                                          ["listener", "reason"], registry=r)
-        self.tls_handshake_failures = _by_reason(
-            "kproxy_tls_handshake_failures_total",
-            "Client TLS handshakes that failed, by cause (plaintext or HTTP on a TLS listener, "
-            "certificate problems, no common protocol)", HANDSHAKE_FAILURES, r)
-        self.listener_bind_failures = Counter(
-            "kproxy_listener_bind_failures_total",
-            "Failed attempts to bind a broker listener (its node is withheld from clients meanwhile)",
-            ["listener", "reason"], registry=r)
-        self.sni_refusals = _by_reason(
-            "kproxy_sni_refused_total",
-            "TLS handshakes refused by SNI routing: a server name that is no advertised name, "
-            "none, (a sidecar) another node's, or a node the cluster does not have",
-            SNI_REFUSAL_REASONS, r)
-        self.proxy_header_refusals = _by_reason(
-            "kproxy_proxy_protocol_refused_total",
-            "Connections refused on a PROXY protocol listener: a peer outside the trusted networks, "
-            "no header, one of another version, malformed, too long, not complete in time, or "
-            "closed before it was", PROXY_HEADER_REFUSALS, r)
-        # TLS files reloaded while running (proxy/tls_reload.py), per side: "server" (what
-        # clients see), "client" (what brokers see). Series for a side appear with its first
-        # certificate, both outcomes at zero.
-        self.tls_reloads = Counter(
-            "kproxy_tls_reloads_total",
-            "Reloads of changed TLS files (or on SIGHUP), by side and outcome; a failure keeps "
-            "the certificate in use", ["side", "outcome"], registry=r)
-        self.tls_certificate_expiry = Gauge(
-            "kproxy_tls_certificate_expiry_timestamp_seconds",
-            "When the certificate kproxy presents expires (Unix time), by side; alert well ahead",
-            ["side"], registry=r)
-        unbound = Gauge("kproxy_broker_listeners_unbound",
-                        "Broker listeners kproxy cannot bind now (their nodes are withheld from clients)",
-                        registry=r)
-        unbound.set_function(unbound_listeners or (lambda: 0))
-        self._expiry_sides: set[str] = set()            # sides with an expiry series
+        self.listener_metrics = _ListenerMetrics(r, unbound_listeners)
         self._traffic = traffic or (lambda: {})
         r.register(_TrafficCollector(lambda: self._traffic()))
         self._capture = capture
@@ -820,51 +862,44 @@ class Metrics:
     # ------------------------------------------------------------ connections
 
     def connection_opened(self, info) -> None:
-        self.connections_opened.labels(info.listener).inc()
-        self.connections_open.labels(info.listener).inc()
+        self.listener_metrics.connections_opened.labels(info.listener).inc()
+        self.listener_metrics.connections_open.labels(info.listener).inc()
         self._conn_software[info.id] = (UNKNOWN_SOFTWARE, self._unknown_software)
         self._unknown_software.inc()
 
     def connection_closed(self, info, reason: CloseCause, in_flight: int = 0) -> None:
-        self.connections_open.labels(info.listener).dec()
+        self.listener_metrics.connections_open.labels(info.listener).dec()
         software = self._conn_software.pop(info.id, None)
         if software is not None:
             software[1].dec()
         self._fetch_positions.pop(info.id, None)
         self._principals.pop(info.id, None)
-        self.connections_closed.labels(info.listener, reason.label).inc()
+        self.listener_metrics.connections_closed.labels(info.listener, reason.label).inc()
+
+    # Listener-side hooks: counted by the listener families (``_ListenerMetrics``).
 
     def connection_refused(self, listener: str, reason: CloseCause) -> None:
         """Accepted, then closed before it was proxied (upstream unreachable, limits, shutdown)."""
-        self.connections_opened.labels(listener).inc()
-        self.connections_closed.labels(listener, reason.label).inc()
+        self.listener_metrics.connection_refused(listener, reason)
 
     def tls_handshake_failed(self, cause: str) -> None:
-        self.tls_handshake_failures.labels(cause if cause in HANDSHAKE_FAILURES else "other").inc()
+        self.listener_metrics.tls_handshake_failed(cause)
 
     def listener_bind_failed(self, listener: str, error: OSError) -> None:
-        self.listener_bind_failures.labels(listener, bind_failure_label(error)).inc()
+        self.listener_metrics.listener_bind_failed(listener, error)
 
     def sni_refused(self, reason: str) -> None:
-        self.sni_refusals.labels(reason).inc()
+        self.listener_metrics.sni_refused(reason)
 
     def proxy_header_refused(self, listener: str, reason: str) -> None:
         """A PROXY protocol listener closed a connection for its header (or the lack of one)."""
-        self.proxy_header_refusals.labels(reason if reason in PROXY_HEADER_REFUSALS else "malformed").inc()
-        self.connections_opened.labels(listener).inc()
-        self.connections_closed.labels(listener, CloseKind.PROXY_PROTOCOL.label).inc()
+        self.listener_metrics.proxy_header_refused(listener, reason)
+
     def tls_certificate_loaded(self, side: str, not_after: float | None) -> None:
-        for outcome in TLS_RELOAD_OUTCOMES:
-            self.tls_reloads.labels(side, outcome)
-        if not_after is not None:
-            self.tls_certificate_expiry.labels(side).set(not_after)
-            self._expiry_sides.add(side)
-        elif side in self._expiry_sides:        # now a CA alone: nothing of kproxy's own expires
-            self.tls_certificate_expiry.remove(side)
-            self._expiry_sides.discard(side)
+        self.listener_metrics.tls_certificate_loaded(side, not_after)
 
     def tls_reloaded(self, side: str, outcome: str) -> None:
-        self.tls_reloads.labels(side, outcome).inc()
+        self.listener_metrics.tls_reloaded(side, outcome)
 
 
 
