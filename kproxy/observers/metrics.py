@@ -302,6 +302,132 @@ class _ListenerMetrics:
         self.tls_reloads.labels(side, outcome).inc()
 
 
+class _GroupMetrics:
+    """Consumer groups from the wire: rebalances (classic generations, KIP-848 epochs), the
+    classic rebalance time, rejoin errors, and members now (at scrape time). The group
+    label is opt-in; without it, totals. Fed by group APIs' requests and answers only."""
+
+    def __init__(self, r: CollectorRegistry, group_label: bool, label_cap: int):
+        group = ["group"] if group_label else []
+        self.group_label = BoundedLabel(label_cap) if group_label else None
+        self.group_rebalances = Counter(
+            "kproxy_group_rebalances_total",
+            "Group rebalances: new generations in JoinGroup answers, member epoch bumps (KIP-848)",
+            group + ["protocol"], registry=r)
+        self.group_rebalance_seconds = Histogram(
+            "kproxy_group_rebalance_seconds",
+            "Classic rebalance time: first JoinGroup request of a round to the last SyncGroup answer",
+            group, buckets=REBALANCE_BUCKETS, registry=r)
+        self.group_rejoin_errors = Counter(
+            "kproxy_group_rejoin_errors_total",
+            "Answers to group members with an error that makes them rejoin the group",
+            group + ["api", "error"], registry=r)
+        self.by_id: OrderedDict[str, _GroupState] = OrderedDict()   # least recently active first
+        self._now = 0.0                                               # latest group event time
+        r.register(_GroupMembersCollector(self))
+
+    def _group(self, group_id: str, now: float) -> "_GroupState":
+        """The state of a group, marked most recently active (created, evicting the least, if new)."""
+        self._now = now
+        groups = self.by_id
+        state = groups.get(group_id)
+        if state is None:
+            if len(groups) >= MAX_TRACKED_GROUPS:
+                groups.popitem(last=False)
+            label = self.group_label(group_id) if self.group_label is not None else None
+            state = groups[group_id] = _GroupState(label)
+        else:
+            groups.move_to_end(group_id)
+        state.seen = now
+        return state
+
+    def join_requested(self, body, now: float) -> None:
+        """A JoinGroup request: the first one since the group settled starts a round."""
+        group_id = getattr(body, "group_id", None)
+        if group_id:
+            state = self._group(group_id, now)
+            if state.round_start is None:
+                state.round_start = now
+
+    def _group_labels(self, state: "_GroupState", *labels: str) -> tuple:
+        return (state.label, *labels) if state.label is not None else labels
+
+    def answered(self, event: ResponseReceived, api: str, body, codes: list[int]) -> None:
+        request = event.request_event.request
+        if request is None or request.is_opaque:
+            return
+        fields = pair_fields(event.api_key, request.body, body)
+        group_id = fields["group_id"]
+        if not group_id:
+            return
+        state = self._group(group_id, event.time)
+        for code in set(codes) & REJOIN_ERROR_CODES if codes else ():
+            self.group_rejoin_errors.labels(*self._group_labels(state, api, error_name(code))).inc()
+        if getattr(body, "error_code", 0):
+            return
+        key = event.api_key
+        if key == _JOIN_GROUP:
+            self._joined(state, body, fields["generation"], event.request_event.time)
+        elif key == _SYNC_GROUP:
+            if fields["generation"] == state.generation and state.round_start is not None:
+                state.synced += 1
+                if state.expected and state.synced >= state.expected:   # the last member synced
+                    histogram = self.group_rebalance_seconds
+                    if state.label is not None:
+                        histogram = histogram.labels(state.label)
+                    histogram.observe(max(0.0, event.time - state.round_start))
+                    state.round_start = None
+        elif key == _LEAVE_GROUP:
+            leaving = getattr(request.body, "members", None)
+            state.classic_members = max(0, state.classic_members - (len(leaving) if leaving else 1))
+        elif key in EPOCH_HEARTBEATS:
+            self._epoch_heartbeat(state, EPOCH_HEARTBEATS[key], request.body, body, fields["member_id"],
+                                  event.time)
+
+    def _joined(self, state: "_GroupState", body, generation, requested: float) -> None:
+        if generation is None:
+            return
+        if generation != state.generation:       # a new round (or a group made anew)
+            state.generation, state.synced, state.expected = generation, 0, 0
+            if state.round_start is None:
+                state.round_start = requested
+            self.group_rebalances.labels(*self._group_labels(state, "classic")).inc()
+        elif state.expected and state.synced >= state.expected:
+            state.round_start = None             # a rejoin the coordinator answered without a round
+        members = getattr(body, "members", None)
+        if members and body.leader == body.member_id:       # only the leader learns the members
+            state.expected = state.classic_members = len(members)
+
+    def _epoch_heartbeat(self, state: "_GroupState", protocol: str, request_body, body,
+                         member_id, now: float) -> None:
+        sent = getattr(request_body, "member_epoch", 0)
+        granted = getattr(body, "member_epoch", -1)
+        members = state.members
+        if sent < 0:                             # -1 leaving, -2 a static member leaving
+            members.pop(member_id, None)
+            return
+        if member_id and (member_id in members or len(members) < MAX_MEMBERS_PER_GROUP):
+            members[member_id] = now
+        if granted > sent and granted > state.epoch:    # the group moved to a new epoch
+            state.epoch = granted
+            self.group_rebalances.labels(*self._group_labels(state, protocol)).inc()
+
+    def group_members(self) -> dict:
+        """Members per group label (None without the group label), dropping what went quiet."""
+        now = self._now
+        out: dict = {}
+        for group_id, state in list(self.by_id.items()):
+            if now - state.seen > GROUP_IDLE_SECONDS:
+                del self.by_id[group_id]
+                continue
+            members = state.members
+            for member_id, seen in list(members.items()):
+                if now - seen > MEMBER_STALE_SECONDS:
+                    del members[member_id]
+            out[state.label] = out.get(state.label, 0) + state.classic_members + len(members)
+        return out
+
+
 class Metrics:
     """The metrics observer. Call it with (connection info, events); scrape ``registry``."""
 
@@ -396,23 +522,8 @@ class Metrics:
         self._conn_software: dict[int, tuple[str, object]] = {}   # connection id -> (name label, gauge child)
 
         # Consumer groups: the group label is opt-in; without it, totals.
-        group = ["group"] if group_label else []
-        self.group_label = BoundedLabel(label_cap) if group_label else None
-        self.group_rebalances = Counter(
-            "kproxy_group_rebalances_total",
-            "Group rebalances: new generations in JoinGroup answers, member epoch bumps (KIP-848)",
-            group + ["protocol"], registry=r)
-        self.group_rebalance_seconds = Histogram(
-            "kproxy_group_rebalance_seconds",
-            "Classic rebalance time: first JoinGroup request of a round to the last SyncGroup answer",
-            group, buckets=REBALANCE_BUCKETS, registry=r)
-        self.group_rejoin_errors = Counter(
-            "kproxy_group_rejoin_errors_total",
-            "Answers to group members with an error that makes them rejoin the group",
-            group + ["api", "error"], registry=r)
-        self._groups: OrderedDict[str, _GroupState] = OrderedDict()   # least recently active first
-        self._now = 0.0                                               # latest group event time
-        r.register(_GroupMembersCollector(self))
+        self.groups = _GroupMetrics(r, group_label, label_cap)
+        self._groups = self.groups.by_id                  # the same table (tests look at it)
 
         # Who is it: requests and bytes per principal (SASL user or client certificate subject).
         self.principal_label = BoundedLabel(label_cap) if principal_label else None
@@ -511,7 +622,7 @@ class Metrics:
         if self.client_id_label is not None:
             self.client_requests.labels(self.client_id_label(request.client_id)).inc()
         if event.api_key == _JOIN_GROUP:
-            self._join_requested(request.body, event.time)
+            self.groups.join_requested(request.body, event.time)
         if event.api_key == _PRODUCE:
             for topic in request.body.topic_data:
                 for partition in topic.partition_data:
@@ -575,7 +686,7 @@ class Metrics:
         for code in codes:
             self._error_child(series.name, code).inc()
         if api_key in GROUP_RESPONSE_KEYS:
-            self._group_response(event, series.name, body, codes)
+            self.groups.answered(event, series.name, body, codes)
         elif api_key == _API_VERSIONS:
             self._software_named(event, info, body)
 
@@ -636,110 +747,6 @@ class Metrics:
         current[1].dec()
         child.inc()
         self._conn_software[info.id] = (name_label, child)
-
-    # ------------------------------------------------------------ consumer groups
-
-    def _group(self, group_id: str, now: float) -> "_GroupState":
-        """The state of a group, marked most recently active (created, evicting the least, if new)."""
-        self._now = now
-        groups = self._groups
-        state = groups.get(group_id)
-        if state is None:
-            if len(groups) >= MAX_TRACKED_GROUPS:
-                groups.popitem(last=False)
-            label = self.group_label(group_id) if self.group_label is not None else None
-            state = groups[group_id] = _GroupState(label)
-        else:
-            groups.move_to_end(group_id)
-        state.seen = now
-        return state
-
-    def _join_requested(self, body, now: float) -> None:
-        """A JoinGroup request: the first one since the group settled starts a round."""
-        group_id = getattr(body, "group_id", None)
-        if group_id:
-            state = self._group(group_id, now)
-            if state.round_start is None:
-                state.round_start = now
-
-    def _group_labels(self, state: "_GroupState", *labels: str) -> tuple:
-        return (state.label, *labels) if state.label is not None else labels
-
-    def _group_response(self, event: ResponseReceived, api: str, body, codes: list[int]) -> None:
-        request = event.request_event.request
-        if request is None or request.is_opaque:
-            return
-        fields = pair_fields(event.api_key, request.body, body)
-        group_id = fields["group_id"]
-        if not group_id:
-            return
-        state = self._group(group_id, event.time)
-        for code in set(codes) & REJOIN_ERROR_CODES if codes else ():
-            self.group_rejoin_errors.labels(*self._group_labels(state, api, error_name(code))).inc()
-        if getattr(body, "error_code", 0):
-            return
-        key = event.api_key
-        if key == _JOIN_GROUP:
-            self._joined(state, body, fields["generation"], event.request_event.time)
-        elif key == _SYNC_GROUP:
-            if fields["generation"] == state.generation and state.round_start is not None:
-                state.synced += 1
-                if state.expected and state.synced >= state.expected:   # the last member synced
-                    histogram = self.group_rebalance_seconds
-                    if state.label is not None:
-                        histogram = histogram.labels(state.label)
-                    histogram.observe(max(0.0, event.time - state.round_start))
-                    state.round_start = None
-        elif key == _LEAVE_GROUP:
-            leaving = getattr(request.body, "members", None)
-            state.classic_members = max(0, state.classic_members - (len(leaving) if leaving else 1))
-        elif key in EPOCH_HEARTBEATS:
-            self._epoch_heartbeat(state, EPOCH_HEARTBEATS[key], request.body, body, fields["member_id"],
-                                  event.time)
-
-    def _joined(self, state: "_GroupState", body, generation, requested: float) -> None:
-        if generation is None:
-            return
-        if generation != state.generation:       # a new round (or a group made anew)
-            state.generation, state.synced, state.expected = generation, 0, 0
-            if state.round_start is None:
-                state.round_start = requested
-            self.group_rebalances.labels(*self._group_labels(state, "classic")).inc()
-        elif state.expected and state.synced >= state.expected:
-            state.round_start = None             # a rejoin the coordinator answered without a round
-        members = getattr(body, "members", None)
-        if members and body.leader == body.member_id:       # only the leader learns the members
-            state.expected = state.classic_members = len(members)
-
-    def _epoch_heartbeat(self, state: "_GroupState", protocol: str, request_body, body,
-                         member_id, now: float) -> None:
-        sent = getattr(request_body, "member_epoch", 0)
-        granted = getattr(body, "member_epoch", -1)
-        members = state.members
-        if sent < 0:                             # -1 leaving, -2 a static member leaving
-            members.pop(member_id, None)
-            return
-        if member_id and (member_id in members or len(members) < MAX_MEMBERS_PER_GROUP):
-            members[member_id] = now
-        if granted > sent and granted > state.epoch:    # the group moved to a new epoch
-            state.epoch = granted
-            self.group_rebalances.labels(*self._group_labels(state, protocol)).inc()
-
-    def group_members(self) -> dict:
-        """Members per group label (None without the group label), dropping what went quiet."""
-        now = self._now
-        out: dict = {}
-        for group_id, state in list(self._groups.items()):
-            if now - state.seen > GROUP_IDLE_SECONDS:
-                del self._groups[group_id]
-                continue
-            members = state.members
-            for member_id, seen in list(members.items()):
-                if now - seen > MEMBER_STALE_SECONDS:
-                    del members[member_id]
-            out[state.label] = out.get(state.label, 0) + state.classic_members + len(members)
-        return out
-
 
     # ------------------------------------------------------------ principals
 
@@ -991,8 +998,8 @@ class _GroupMembersCollector:
 
     NAME, HELP = "kproxy_group_members", "Group members now: the last classic generation plus KIP-848 members heartbeating"
 
-    def __init__(self, metrics: Metrics):
-        self.metrics = metrics
+    def __init__(self, groups: _GroupMetrics):
+        self.metrics = groups
 
     def collect(self):
         labelled = self.metrics.group_label is not None
