@@ -428,6 +428,62 @@ class _GroupMetrics:
         return out
 
 
+class _SoftwareMetrics:
+    """The client inventory: connections open now by the software the client named
+    (ApiVersions v3+, accepted by the broker), and requests at removed versions by it."""
+
+    def __init__(self, r: CollectorRegistry, label_cap: int):
+        self.software_connections = Gauge(
+            "kproxy_client_software_connections",
+            "Client connections open now, by the software the client named in ApiVersions v3+ (capped)",
+            ["client_software_name", "client_software_version"], registry=r)
+        self.deprecated_requests = Counter(
+            "kproxy_deprecated_requests_total",
+            "Requests at versions Kafka 4.0 removed (KIP-896): these clients must upgrade first",
+            ["api", "version", "client_software_name"], registry=r)
+        self._software_pair = BoundedLabel(label_cap)     # "name\0version" pairs
+        self._software_name = BoundedLabel(label_cap)
+        self._unknown_software = self.software_connections.labels(UNKNOWN_SOFTWARE, UNKNOWN_SOFTWARE)
+        self.by_connection: dict[int, tuple[str, object]] = {}   # connection id -> (name label, gauge child)
+
+    def opened(self, info) -> None:
+        """A new connection counts under ``unknown`` until it names its software."""
+        self.by_connection[info.id] = (UNKNOWN_SOFTWARE, self._unknown_software)
+        self._unknown_software.inc()
+
+    def closed(self, info) -> None:
+        software = self.by_connection.pop(info.id, None)
+        if software is not None:
+            software[1].dec()
+
+    def name_of(self, info) -> str:
+        """The software name label of a connection (``unknown`` until it names one)."""
+        software = self.by_connection.get(info.id) if info is not None else None
+        return software[0] if software is not None else UNKNOWN_SOFTWARE
+
+    def named(self, event: ResponseReceived, info, body) -> None:
+        """Move the connection from ``unknown`` (or what it named before) to the software an
+        accepted ApiVersions v3+ names (``client_software.software_named``: Kafka's rule)."""
+        current = self.by_connection.get(info.id) if info is not None else None
+        if current is None:
+            return
+        named = software_named(event)
+        if named is None:
+            return
+        name = named.name[:SOFTWARE_LABEL_MAX_CHARS]
+        version = named.version[:SOFTWARE_LABEL_MAX_CHARS]
+        if self._software_pair(f"{name}\0{version}") == "other":
+            name_label, child = "other", self.software_connections.labels("other", "other")
+        else:
+            name_label = self._software_name(name)
+            child = self.software_connections.labels(name, version)
+        if child is current[1]:
+            return
+        current[1].dec()
+        child.inc()
+        self.by_connection[info.id] = (name_label, child)
+
+
 class Metrics:
     """The metrics observer. Call it with (connection info, events); scrape ``registry``."""
 
@@ -508,18 +564,7 @@ class Metrics:
 
         # Client inventory: every open connection counts once, under "unknown" until its
         # ApiVersions v3+ request (accepted by the broker) names the software.
-        self.software_connections = Gauge(
-            "kproxy_client_software_connections",
-            "Client connections open now, by the software the client named in ApiVersions v3+ (capped)",
-            ["client_software_name", "client_software_version"], registry=r)
-        self.deprecated_requests = Counter(
-            "kproxy_deprecated_requests_total",
-            "Requests at versions Kafka 4.0 removed (KIP-896): these clients must upgrade first",
-            ["api", "version", "client_software_name"], registry=r)
-        self._software_pair = BoundedLabel(label_cap)     # "name\0version" pairs
-        self._software_name = BoundedLabel(label_cap)
-        self._unknown_software = self.software_connections.labels(UNKNOWN_SOFTWARE, UNKNOWN_SOFTWARE)
-        self._conn_software: dict[int, tuple[str, object]] = {}   # connection id -> (name label, gauge child)
+        self.software = _SoftwareMetrics(r, label_cap)
 
         # Consumer groups: the group label is opt-in; without it, totals.
         self.groups = _GroupMetrics(r, group_label, label_cap)
@@ -608,7 +653,8 @@ class Metrics:
         if version is not None:
             version.count += 1
             if version.removed:               # from the header alone: no decoding needed
-                self.deprecated_requests.labels(series.name, version.version, self._software_of(info)).inc()
+                software = self.software
+                software.deprecated_requests.labels(series.name, version.version, software.name_of(info)).inc()
         if event.streamed:                    # no body: nothing more to count
             self._streamed["request"].inc()
             return
@@ -688,7 +734,7 @@ class Metrics:
         if api_key in GROUP_RESPONSE_KEYS:
             self.groups.answered(event, series.name, body, codes)
         elif api_key == _API_VERSIONS:
-            self._software_named(event, info, body)
+            self.software.named(event, info, body)
 
     def _fetched(self, body) -> int:
         total = 0
@@ -718,35 +764,6 @@ class Metrics:
         if child is None:
             child = self._error_children[key] = self.errors.labels(api, error_name(code))
         return child
-
-    # ------------------------------------------------------------ client inventory
-
-    def _software_of(self, info) -> str:
-        """The software name label of a connection (``unknown`` until it names one)."""
-        software = self._conn_software.get(info.id) if info is not None else None
-        return software[0] if software is not None else UNKNOWN_SOFTWARE
-
-    def _software_named(self, event: ResponseReceived, info, body) -> None:
-        """Move the connection from ``unknown`` (or what it named before) to the software an
-        accepted ApiVersions v3+ names (``client_software.software_named``: Kafka's rule)."""
-        current = self._conn_software.get(info.id) if info is not None else None
-        if current is None:
-            return
-        named = software_named(event)
-        if named is None:
-            return
-        name = named.name[:SOFTWARE_LABEL_MAX_CHARS]
-        version = named.version[:SOFTWARE_LABEL_MAX_CHARS]
-        if self._software_pair(f"{name}\0{version}") == "other":
-            name_label, child = "other", self.software_connections.labels("other", "other")
-        else:
-            name_label = self._software_name(name)
-            child = self.software_connections.labels(name, version)
-        if child is current[1]:
-            return
-        current[1].dec()
-        child.inc()
-        self._conn_software[info.id] = (name_label, child)
 
     # ------------------------------------------------------------ principals
 
@@ -871,14 +888,11 @@ class Metrics:
     def connection_opened(self, info) -> None:
         self.listener_metrics.connections_opened.labels(info.listener).inc()
         self.listener_metrics.connections_open.labels(info.listener).inc()
-        self._conn_software[info.id] = (UNKNOWN_SOFTWARE, self._unknown_software)
-        self._unknown_software.inc()
+        self.software.opened(info)
 
     def connection_closed(self, info, reason: CloseCause, in_flight: int = 0) -> None:
         self.listener_metrics.connections_open.labels(info.listener).dec()
-        software = self._conn_software.pop(info.id, None)
-        if software is not None:
-            software[1].dec()
+        self.software.closed(info)
         self._fetch_positions.pop(info.id, None)
         self._principals.pop(info.id, None)
         self.listener_metrics.connections_closed.labels(info.listener, reason.label).inc()
