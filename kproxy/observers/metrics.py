@@ -224,6 +224,270 @@ def _by_reason(name: str, documentation: str, reasons, registry) -> Counter:
     return counter
 
 
+class _ListenerMetrics:
+    """The listeners' families: connections accepted, open and closed; refusals (TLS
+    handshakes, SNI routing, PROXY protocol headers); broker listeners that cannot bind;
+    TLS reloads and certificate expiry. Fed by the lifecycle hooks, never per pair."""
+
+    def __init__(self, r: CollectorRegistry, unbound_listeners=None):
+        self.connections_open = Gauge("kproxy_connections_open", "Client connections open now",
+                                      ["listener"], registry=r)
+        self.connections_opened = Counter("kproxy_connections_opened_total",
+                                          "Client connections accepted", ["listener"], registry=r)
+        self.connections_closed = Counter("kproxy_connections_closed_total",
+                                          "Client connections closed, by reason",
+                                          ["listener", "reason"], registry=r)
+        self.tls_handshake_failures = _by_reason(
+            "kproxy_tls_handshake_failures_total",
+            "Client TLS handshakes that failed, by cause (plaintext or HTTP on a TLS listener, "
+            "certificate problems, no common protocol)", HANDSHAKE_FAILURES, r)
+        self.listener_bind_failures = Counter(
+            "kproxy_listener_bind_failures_total",
+            "Failed attempts to bind a broker listener (its node is withheld from clients meanwhile)",
+            ["listener", "reason"], registry=r)
+        self.sni_refusals = _by_reason(
+            "kproxy_sni_refused_total",
+            "TLS handshakes refused by SNI routing: a server name that is no advertised name, "
+            "none, (a sidecar) another node's, or a node the cluster does not have",
+            SNI_REFUSAL_REASONS, r)
+        self.proxy_header_refusals = _by_reason(
+            "kproxy_proxy_protocol_refused_total",
+            "Connections refused on a PROXY protocol listener: a peer outside the trusted networks, "
+            "no header, one of another version, malformed, too long, not complete in time, or "
+            "closed before it was", PROXY_HEADER_REFUSALS, r)
+        # TLS files reloaded while running (proxy/tls_reload.py), per side: "server" (what
+        # clients see), "client" (what brokers see). Series for a side appear with its first
+        # certificate, both outcomes at zero.
+        self.tls_reloads = Counter(
+            "kproxy_tls_reloads_total",
+            "Reloads of changed TLS files (or on SIGHUP), by side and outcome; a failure keeps "
+            "the certificate in use", ["side", "outcome"], registry=r)
+        self.tls_certificate_expiry = Gauge(
+            "kproxy_tls_certificate_expiry_timestamp_seconds",
+            "When the certificate kproxy presents expires (Unix time), by side; alert well ahead",
+            ["side"], registry=r)
+        unbound = Gauge("kproxy_broker_listeners_unbound",
+                        "Broker listeners kproxy cannot bind now (their nodes are withheld from clients)",
+                        registry=r)
+        unbound.set_function(unbound_listeners or (lambda: 0))
+        self._expiry_sides: set[str] = set()            # sides with an expiry series
+
+    def connection_refused(self, listener: str, reason: CloseCause) -> None:
+        """Accepted, then closed before it was proxied (upstream unreachable, limits, shutdown)."""
+        self.connections_opened.labels(listener).inc()
+        self.connections_closed.labels(listener, reason.label).inc()
+
+    def tls_handshake_failed(self, cause: str) -> None:
+        self.tls_handshake_failures.labels(cause if cause in HANDSHAKE_FAILURES else "other").inc()
+
+    def listener_bind_failed(self, listener: str, error: OSError) -> None:
+        self.listener_bind_failures.labels(listener, bind_failure_label(error)).inc()
+
+    def sni_refused(self, reason: str) -> None:
+        self.sni_refusals.labels(reason).inc()
+
+    def proxy_header_refused(self, listener: str, reason: str) -> None:
+        """A PROXY protocol listener closed a connection for its header (or the lack of one)."""
+        self.proxy_header_refusals.labels(reason if reason in PROXY_HEADER_REFUSALS else "malformed").inc()
+        self.connections_opened.labels(listener).inc()
+        self.connections_closed.labels(listener, CloseKind.PROXY_PROTOCOL.label).inc()
+
+    def tls_certificate_loaded(self, side: str, not_after: float | None) -> None:
+        for outcome in TLS_RELOAD_OUTCOMES:
+            self.tls_reloads.labels(side, outcome)
+        if not_after is not None:
+            self.tls_certificate_expiry.labels(side).set(not_after)
+            self._expiry_sides.add(side)
+        elif side in self._expiry_sides:        # now a CA alone: nothing of kproxy's own expires
+            self.tls_certificate_expiry.remove(side)
+            self._expiry_sides.discard(side)
+
+    def tls_reloaded(self, side: str, outcome: str) -> None:
+        self.tls_reloads.labels(side, outcome).inc()
+
+
+class _GroupMetrics:
+    """Consumer groups from the wire: rebalances (classic generations, KIP-848 epochs), the
+    classic rebalance time, rejoin errors, and members now (at scrape time). The group
+    label is opt-in; without it, totals. Fed by group APIs' requests and answers only."""
+
+    def __init__(self, r: CollectorRegistry, group_label: bool, label_cap: int):
+        group = ["group"] if group_label else []
+        self.group_label = BoundedLabel(label_cap) if group_label else None
+        self.group_rebalances = Counter(
+            "kproxy_group_rebalances_total",
+            "Group rebalances: new generations in JoinGroup answers, member epoch bumps (KIP-848)",
+            group + ["protocol"], registry=r)
+        self.group_rebalance_seconds = Histogram(
+            "kproxy_group_rebalance_seconds",
+            "Classic rebalance time: first JoinGroup request of a round to the last SyncGroup answer",
+            group, buckets=REBALANCE_BUCKETS, registry=r)
+        self.group_rejoin_errors = Counter(
+            "kproxy_group_rejoin_errors_total",
+            "Answers to group members with an error that makes them rejoin the group",
+            group + ["api", "error"], registry=r)
+        self.by_id: OrderedDict[str, _GroupState] = OrderedDict()   # least recently active first
+        self._now = 0.0                                               # latest group event time
+        r.register(_GroupMembersCollector(self))
+
+    def _group(self, group_id: str, now: float) -> "_GroupState":
+        """The state of a group, marked most recently active (created, evicting the least, if new)."""
+        self._now = now
+        groups = self.by_id
+        state = groups.get(group_id)
+        if state is None:
+            if len(groups) >= MAX_TRACKED_GROUPS:
+                groups.popitem(last=False)
+            label = self.group_label(group_id) if self.group_label is not None else None
+            state = groups[group_id] = _GroupState(label)
+        else:
+            groups.move_to_end(group_id)
+        state.seen = now
+        return state
+
+    def join_requested(self, body, now: float) -> None:
+        """A JoinGroup request: the first one since the group settled starts a round."""
+        group_id = getattr(body, "group_id", None)
+        if group_id:
+            state = self._group(group_id, now)
+            if state.round_start is None:
+                state.round_start = now
+
+    def _group_labels(self, state: "_GroupState", *labels: str) -> tuple:
+        return (state.label, *labels) if state.label is not None else labels
+
+    def answered(self, event: ResponseReceived, api: str, body, codes: list[int]) -> None:
+        request = event.request_event.request
+        if request is None or request.is_opaque:
+            return
+        fields = pair_fields(event.api_key, request.body, body)
+        group_id = fields["group_id"]
+        if not group_id:
+            return
+        state = self._group(group_id, event.time)
+        for code in set(codes) & REJOIN_ERROR_CODES if codes else ():
+            self.group_rejoin_errors.labels(*self._group_labels(state, api, error_name(code))).inc()
+        if getattr(body, "error_code", 0):
+            return
+        key = event.api_key
+        if key == _JOIN_GROUP:
+            self._joined(state, body, fields["generation"], event.request_event.time)
+        elif key == _SYNC_GROUP:
+            if fields["generation"] == state.generation and state.round_start is not None:
+                state.synced += 1
+                if state.expected and state.synced >= state.expected:   # the last member synced
+                    histogram = self.group_rebalance_seconds
+                    if state.label is not None:
+                        histogram = histogram.labels(state.label)
+                    histogram.observe(max(0.0, event.time - state.round_start))
+                    state.round_start = None
+        elif key == _LEAVE_GROUP:
+            leaving = getattr(request.body, "members", None)
+            state.classic_members = max(0, state.classic_members - (len(leaving) if leaving else 1))
+        elif key in EPOCH_HEARTBEATS:
+            self._epoch_heartbeat(state, EPOCH_HEARTBEATS[key], request.body, body, fields["member_id"],
+                                  event.time)
+
+    def _joined(self, state: "_GroupState", body, generation, requested: float) -> None:
+        if generation is None:
+            return
+        if generation != state.generation:       # a new round (or a group made anew)
+            state.generation, state.synced, state.expected = generation, 0, 0
+            if state.round_start is None:
+                state.round_start = requested
+            self.group_rebalances.labels(*self._group_labels(state, "classic")).inc()
+        elif state.expected and state.synced >= state.expected:
+            state.round_start = None             # a rejoin the coordinator answered without a round
+        members = getattr(body, "members", None)
+        if members and body.leader == body.member_id:       # only the leader learns the members
+            state.expected = state.classic_members = len(members)
+
+    def _epoch_heartbeat(self, state: "_GroupState", protocol: str, request_body, body,
+                         member_id, now: float) -> None:
+        sent = getattr(request_body, "member_epoch", 0)
+        granted = getattr(body, "member_epoch", -1)
+        members = state.members
+        if sent < 0:                             # -1 leaving, -2 a static member leaving
+            members.pop(member_id, None)
+            return
+        if member_id and (member_id in members or len(members) < MAX_MEMBERS_PER_GROUP):
+            members[member_id] = now
+        if granted > sent and granted > state.epoch:    # the group moved to a new epoch
+            state.epoch = granted
+            self.group_rebalances.labels(*self._group_labels(state, protocol)).inc()
+
+    def group_members(self) -> dict:
+        """Members per group label (None without the group label), dropping what went quiet."""
+        now = self._now
+        out: dict = {}
+        for group_id, state in list(self.by_id.items()):
+            if now - state.seen > GROUP_IDLE_SECONDS:
+                del self.by_id[group_id]
+                continue
+            members = state.members
+            for member_id, seen in list(members.items()):
+                if now - seen > MEMBER_STALE_SECONDS:
+                    del members[member_id]
+            out[state.label] = out.get(state.label, 0) + state.classic_members + len(members)
+        return out
+
+
+class _SoftwareMetrics:
+    """The client inventory: connections open now by the software the client named
+    (ApiVersions v3+, accepted by the broker), and requests at removed versions by it."""
+
+    def __init__(self, r: CollectorRegistry, label_cap: int):
+        self.software_connections = Gauge(
+            "kproxy_client_software_connections",
+            "Client connections open now, by the software the client named in ApiVersions v3+ (capped)",
+            ["client_software_name", "client_software_version"], registry=r)
+        self.deprecated_requests = Counter(
+            "kproxy_deprecated_requests_total",
+            "Requests at versions Kafka 4.0 removed (KIP-896): these clients must upgrade first",
+            ["api", "version", "client_software_name"], registry=r)
+        self._software_pair = BoundedLabel(label_cap)     # "name\0version" pairs
+        self._software_name = BoundedLabel(label_cap)
+        self._unknown_software = self.software_connections.labels(UNKNOWN_SOFTWARE, UNKNOWN_SOFTWARE)
+        self.by_connection: dict[int, tuple[str, object]] = {}   # connection id -> (name label, gauge child)
+
+    def opened(self, info) -> None:
+        """A new connection counts under ``unknown`` until it names its software."""
+        self.by_connection[info.id] = (UNKNOWN_SOFTWARE, self._unknown_software)
+        self._unknown_software.inc()
+
+    def closed(self, info) -> None:
+        software = self.by_connection.pop(info.id, None)
+        if software is not None:
+            software[1].dec()
+
+    def name_of(self, info) -> str:
+        """The software name label of a connection (``unknown`` until it names one)."""
+        software = self.by_connection.get(info.id) if info is not None else None
+        return software[0] if software is not None else UNKNOWN_SOFTWARE
+
+    def named(self, event: ResponseReceived, info, body) -> None:
+        """Move the connection from ``unknown`` (or what it named before) to the software an
+        accepted ApiVersions v3+ names (``client_software.software_named``: Kafka's rule)."""
+        current = self.by_connection.get(info.id) if info is not None else None
+        if current is None:
+            return
+        named = software_named(event)
+        if named is None:
+            return
+        name = named.name[:SOFTWARE_LABEL_MAX_CHARS]
+        version = named.version[:SOFTWARE_LABEL_MAX_CHARS]
+        if self._software_pair(f"{name}\0{version}") == "other":
+            name_label, child = "other", self.software_connections.labels("other", "other")
+        else:
+            name_label = self._software_name(name)
+            child = self.software_connections.labels(name, version)
+        if child is current[1]:
+            return
+        current[1].dec()
+        child.inc()
+        self.by_connection[info.id] = (name_label, child)
+
+
 class Metrics:
     """The metrics observer. Call it with (connection info, events); scrape ``registry``."""
 
@@ -278,47 +542,7 @@ class Metrics:
         self._produce_totals, self._fetch_totals = _BatchTotals(), _BatchTotals()
         r.register(_BatchCollector(self._produce_totals, self._fetch_totals))
 
-        self.connections_open = Gauge("kproxy_connections_open", "Client connections open now",
-                                      ["listener"], registry=r)
-        self.connections_opened = Counter("kproxy_connections_opened_total",
-                                          "Client connections accepted", ["listener"], registry=r)
-        self.connections_closed = Counter("kproxy_connections_closed_total",
-                                          "Client connections closed, by reason",
-                                          ["listener", "reason"], registry=r)
-        self.tls_handshake_failures = _by_reason(
-            "kproxy_tls_handshake_failures_total",
-            "Client TLS handshakes that failed, by cause (plaintext or HTTP on a TLS listener, "
-            "certificate problems, no common protocol)", HANDSHAKE_FAILURES, r)
-        self.listener_bind_failures = Counter(
-            "kproxy_listener_bind_failures_total",
-            "Failed attempts to bind a broker listener (its node is withheld from clients meanwhile)",
-            ["listener", "reason"], registry=r)
-        self.sni_refusals = _by_reason(
-            "kproxy_sni_refused_total",
-            "TLS handshakes refused by SNI routing: a server name that is no advertised name, "
-            "none, (a sidecar) another node's, or a node the cluster does not have",
-            SNI_REFUSAL_REASONS, r)
-        self.proxy_header_refusals = _by_reason(
-            "kproxy_proxy_protocol_refused_total",
-            "Connections refused on a PROXY protocol listener: a peer outside the trusted networks, "
-            "no header, one of another version, malformed, too long, not complete in time, or "
-            "closed before it was", PROXY_HEADER_REFUSALS, r)
-        # TLS files reloaded while running (proxy/tls_reload.py), per side: "server" (what
-        # clients see), "client" (what brokers see). Series for a side appear with its first
-        # certificate, both outcomes at zero.
-        self.tls_reloads = Counter(
-            "kproxy_tls_reloads_total",
-            "Reloads of changed TLS files (or on SIGHUP), by side and outcome; a failure keeps "
-            "the certificate in use", ["side", "outcome"], registry=r)
-        self.tls_certificate_expiry = Gauge(
-            "kproxy_tls_certificate_expiry_timestamp_seconds",
-            "When the certificate kproxy presents expires (Unix time), by side; alert well ahead",
-            ["side"], registry=r)
-        unbound = Gauge("kproxy_broker_listeners_unbound",
-                        "Broker listeners kproxy cannot bind now (their nodes are withheld from clients)",
-                        registry=r)
-        unbound.set_function(unbound_listeners or (lambda: 0))
-        self._expiry_sides: set[str] = set()            # sides with an expiry series
+        self.listener_metrics = _ListenerMetrics(r, unbound_listeners)
         self._traffic = traffic or (lambda: {})
         r.register(_TrafficCollector(lambda: self._traffic()))
         self._capture = capture
@@ -347,18 +571,7 @@ class Metrics:
 
         # Client inventory: every open connection counts once, under "unknown" until its
         # ApiVersions v3+ request (accepted by the broker) names the software.
-        self.software_connections = Gauge(
-            "kproxy_client_software_connections",
-            "Client connections open now, by the software the client named in ApiVersions v3+ (capped)",
-            ["client_software_name", "client_software_version"], registry=r)
-        self.deprecated_requests = Counter(
-            "kproxy_deprecated_requests_total",
-            "Requests at versions Kafka 4.0 removed (KIP-896): these clients must upgrade first",
-            ["api", "version", "client_software_name"], registry=r)
-        self._software_pair = BoundedLabel(label_cap)     # "name\0version" pairs
-        self._software_name = BoundedLabel(label_cap)
-        self._unknown_software = self.software_connections.labels(UNKNOWN_SOFTWARE, UNKNOWN_SOFTWARE)
-        self._conn_software: dict[int, tuple[str, object]] = {}   # connection id -> (name label, gauge child)
+        self.software = _SoftwareMetrics(r, label_cap)
 
         # Failovers (observers/failover.py): recovery time per client software (the software
         # name label is capped like the inventory's).
@@ -369,23 +582,8 @@ class Metrics:
             ["software"], buckets=FAILOVER_BUCKETS, registry=r)
 
         # Consumer groups: the group label is opt-in; without it, totals.
-        group = ["group"] if group_label else []
-        self.group_label = BoundedLabel(label_cap) if group_label else None
-        self.group_rebalances = Counter(
-            "kproxy_group_rebalances_total",
-            "Group rebalances: new generations in JoinGroup answers, member epoch bumps (KIP-848)",
-            group + ["protocol"], registry=r)
-        self.group_rebalance_seconds = Histogram(
-            "kproxy_group_rebalance_seconds",
-            "Classic rebalance time: first JoinGroup request of a round to the last SyncGroup answer",
-            group, buckets=REBALANCE_BUCKETS, registry=r)
-        self.group_rejoin_errors = Counter(
-            "kproxy_group_rejoin_errors_total",
-            "Answers to group members with an error that makes them rejoin the group",
-            group + ["api", "error"], registry=r)
-        self._groups: OrderedDict[str, _GroupState] = OrderedDict()   # least recently active first
-        self._now = 0.0                                               # latest group event time
-        r.register(_GroupMembersCollector(self))
+        self.groups = _GroupMetrics(r, group_label, label_cap)
+        self._groups = self.groups.by_id                  # the same table (tests look at it)
 
         # Who is it: requests and bytes per principal (SASL user or client certificate subject).
         self.principal_label = BoundedLabel(label_cap) if principal_label else None
@@ -470,7 +668,8 @@ class Metrics:
         if version is not None:
             version.count += 1
             if version.removed:               # from the header alone: no decoding needed
-                self.deprecated_requests.labels(series.name, version.version, self._software_of(info)).inc()
+                software = self.software
+                software.deprecated_requests.labels(series.name, version.version, software.name_of(info)).inc()
         if event.streamed:                    # no body: nothing more to count
             self._streamed["request"].inc()
             return
@@ -484,7 +683,7 @@ class Metrics:
         if self.client_id_label is not None:
             self.client_requests.labels(self.client_id_label(request.client_id)).inc()
         if event.api_key == _JOIN_GROUP:
-            self._join_requested(request.body, event.time)
+            self.groups.join_requested(request.body, event.time)
         if event.api_key == _PRODUCE:
             for topic in request.body.topic_data:
                 for partition in topic.partition_data:
@@ -548,9 +747,9 @@ class Metrics:
         for code in codes:
             self._error_child(series.name, code).inc()
         if api_key in GROUP_RESPONSE_KEYS:
-            self._group_response(event, series.name, body, codes)
+            self.groups.answered(event, series.name, body, codes)
         elif api_key == _API_VERSIONS:
-            self._software_named(event, info, body)
+            self.software.named(event, info, body)
 
     def _fetched(self, body) -> int:
         total = 0
@@ -581,143 +780,10 @@ class Metrics:
             child = self._error_children[key] = self.errors.labels(api, error_name(code))
         return child
 
-    # ------------------------------------------------------------ client inventory
-
-    def _software_of(self, info) -> str:
-        """The software name label of a connection (``unknown`` until it names one)."""
-        software = self._conn_software.get(info.id) if info is not None else None
-        return software[0] if software is not None else UNKNOWN_SOFTWARE
-
-    def _software_named(self, event: ResponseReceived, info, body) -> None:
-        """Move the connection from ``unknown`` (or what it named before) to the software an
-        accepted ApiVersions v3+ names (``client_software.software_named``: Kafka's rule)."""
-        current = self._conn_software.get(info.id) if info is not None else None
-        if current is None:
-            return
-        named = software_named(event)
-        if named is None:
-            return
-        name = named.name[:SOFTWARE_LABEL_MAX_CHARS]
-        version = named.version[:SOFTWARE_LABEL_MAX_CHARS]
-        if self._software_pair(f"{name}\0{version}") == "other":
-            name_label, child = "other", self.software_connections.labels("other", "other")
-        else:
-            name_label = self._software_name(name)
-            child = self.software_connections.labels(name, version)
-        if child is current[1]:
-            return
-        current[1].dec()
-        child.inc()
-        self._conn_software[info.id] = (name_label, child)
-
     def failover_recovered(self, failover) -> None:
         """A ``protocol.failover.Failover`` ended (the failover observer's hook)."""
         name = (failover.client.software_name or UNKNOWN_SOFTWARE)[:SOFTWARE_LABEL_MAX_CHARS]
-        self.failover_recovery.labels(self._software_name(name)).observe(failover.recovery_seconds)
-
-    # ------------------------------------------------------------ consumer groups
-
-    def _group(self, group_id: str, now: float) -> "_GroupState":
-        """The state of a group, marked most recently active (created, evicting the least, if new)."""
-        self._now = now
-        groups = self._groups
-        state = groups.get(group_id)
-        if state is None:
-            if len(groups) >= MAX_TRACKED_GROUPS:
-                groups.popitem(last=False)
-            label = self.group_label(group_id) if self.group_label is not None else None
-            state = groups[group_id] = _GroupState(label)
-        else:
-            groups.move_to_end(group_id)
-        state.seen = now
-        return state
-
-    def _join_requested(self, body, now: float) -> None:
-        """A JoinGroup request: the first one since the group settled starts a round."""
-        group_id = getattr(body, "group_id", None)
-        if group_id:
-            state = self._group(group_id, now)
-            if state.round_start is None:
-                state.round_start = now
-
-    def _group_labels(self, state: "_GroupState", *labels: str) -> tuple:
-        return (state.label, *labels) if state.label is not None else labels
-
-    def _group_response(self, event: ResponseReceived, api: str, body, codes: list[int]) -> None:
-        request = event.request_event.request
-        if request is None or request.is_opaque:
-            return
-        fields = pair_fields(event.api_key, request.body, body)
-        group_id = fields["group_id"]
-        if not group_id:
-            return
-        state = self._group(group_id, event.time)
-        for code in set(codes) & REJOIN_ERROR_CODES if codes else ():
-            self.group_rejoin_errors.labels(*self._group_labels(state, api, error_name(code))).inc()
-        if getattr(body, "error_code", 0):
-            return
-        key = event.api_key
-        if key == _JOIN_GROUP:
-            self._joined(state, body, fields["generation"], event.request_event.time)
-        elif key == _SYNC_GROUP:
-            if fields["generation"] == state.generation and state.round_start is not None:
-                state.synced += 1
-                if state.expected and state.synced >= state.expected:   # the last member synced
-                    histogram = self.group_rebalance_seconds
-                    if state.label is not None:
-                        histogram = histogram.labels(state.label)
-                    histogram.observe(max(0.0, event.time - state.round_start))
-                    state.round_start = None
-        elif key == _LEAVE_GROUP:
-            leaving = getattr(request.body, "members", None)
-            state.classic_members = max(0, state.classic_members - (len(leaving) if leaving else 1))
-        elif key in EPOCH_HEARTBEATS:
-            self._epoch_heartbeat(state, EPOCH_HEARTBEATS[key], request.body, body, fields["member_id"],
-                                  event.time)
-
-    def _joined(self, state: "_GroupState", body, generation, requested: float) -> None:
-        if generation is None:
-            return
-        if generation != state.generation:       # a new round (or a group made anew)
-            state.generation, state.synced, state.expected = generation, 0, 0
-            if state.round_start is None:
-                state.round_start = requested
-            self.group_rebalances.labels(*self._group_labels(state, "classic")).inc()
-        elif state.expected and state.synced >= state.expected:
-            state.round_start = None             # a rejoin the coordinator answered without a round
-        members = getattr(body, "members", None)
-        if members and body.leader == body.member_id:       # only the leader learns the members
-            state.expected = state.classic_members = len(members)
-
-    def _epoch_heartbeat(self, state: "_GroupState", protocol: str, request_body, body,
-                         member_id, now: float) -> None:
-        sent = getattr(request_body, "member_epoch", 0)
-        granted = getattr(body, "member_epoch", -1)
-        members = state.members
-        if sent < 0:                             # -1 leaving, -2 a static member leaving
-            members.pop(member_id, None)
-            return
-        if member_id and (member_id in members or len(members) < MAX_MEMBERS_PER_GROUP):
-            members[member_id] = now
-        if granted > sent and granted > state.epoch:    # the group moved to a new epoch
-            state.epoch = granted
-            self.group_rebalances.labels(*self._group_labels(state, protocol)).inc()
-
-    def group_members(self) -> dict:
-        """Members per group label (None without the group label), dropping what went quiet."""
-        now = self._now
-        out: dict = {}
-        for group_id, state in list(self._groups.items()):
-            if now - state.seen > GROUP_IDLE_SECONDS:
-                del self._groups[group_id]
-                continue
-            members = state.members
-            for member_id, seen in list(members.items()):
-                if now - seen > MEMBER_STALE_SECONDS:
-                    del members[member_id]
-            out[state.label] = out.get(state.label, 0) + state.classic_members + len(members)
-        return out
-
+        self.failover_recovery.labels(self.software._software_name(name)).observe(failover.recovery_seconds)
 
     # ------------------------------------------------------------ principals
 
@@ -852,51 +918,41 @@ class Metrics:
     # ------------------------------------------------------------ connections
 
     def connection_opened(self, info) -> None:
-        self.connections_opened.labels(info.listener).inc()
-        self.connections_open.labels(info.listener).inc()
-        self._conn_software[info.id] = (UNKNOWN_SOFTWARE, self._unknown_software)
-        self._unknown_software.inc()
+        self.listener_metrics.connections_opened.labels(info.listener).inc()
+        self.listener_metrics.connections_open.labels(info.listener).inc()
+        self.software.opened(info)
 
     def connection_closed(self, info, reason: CloseCause, in_flight: int = 0) -> None:
-        self.connections_open.labels(info.listener).dec()
-        software = self._conn_software.pop(info.id, None)
-        if software is not None:
-            software[1].dec()
+        self.listener_metrics.connections_open.labels(info.listener).dec()
+        self.software.closed(info)
         self._fetch_positions.pop(info.id, None)
         self._principals.pop(info.id, None)
-        self.connections_closed.labels(info.listener, reason.label).inc()
+        self.listener_metrics.connections_closed.labels(info.listener, reason.label).inc()
+
+    # Listener-side hooks: counted by the listener families (``_ListenerMetrics``).
 
     def connection_refused(self, listener: str, reason: CloseCause) -> None:
         """Accepted, then closed before it was proxied (upstream unreachable, limits, shutdown)."""
-        self.connections_opened.labels(listener).inc()
-        self.connections_closed.labels(listener, reason.label).inc()
+        self.listener_metrics.connection_refused(listener, reason)
 
     def tls_handshake_failed(self, cause: str) -> None:
-        self.tls_handshake_failures.labels(cause if cause in HANDSHAKE_FAILURES else "other").inc()
+        self.listener_metrics.tls_handshake_failed(cause)
 
     def listener_bind_failed(self, listener: str, error: OSError) -> None:
-        self.listener_bind_failures.labels(listener, bind_failure_label(error)).inc()
+        self.listener_metrics.listener_bind_failed(listener, error)
 
     def sni_refused(self, reason: str) -> None:
-        self.sni_refusals.labels(reason).inc()
+        self.listener_metrics.sni_refused(reason)
 
     def proxy_header_refused(self, listener: str, reason: str) -> None:
         """A PROXY protocol listener closed a connection for its header (or the lack of one)."""
-        self.proxy_header_refusals.labels(reason if reason in PROXY_HEADER_REFUSALS else "malformed").inc()
-        self.connections_opened.labels(listener).inc()
-        self.connections_closed.labels(listener, CloseKind.PROXY_PROTOCOL.label).inc()
+        self.listener_metrics.proxy_header_refused(listener, reason)
+
     def tls_certificate_loaded(self, side: str, not_after: float | None) -> None:
-        for outcome in TLS_RELOAD_OUTCOMES:
-            self.tls_reloads.labels(side, outcome)
-        if not_after is not None:
-            self.tls_certificate_expiry.labels(side).set(not_after)
-            self._expiry_sides.add(side)
-        elif side in self._expiry_sides:        # now a CA alone: nothing of kproxy's own expires
-            self.tls_certificate_expiry.remove(side)
-            self._expiry_sides.discard(side)
+        self.listener_metrics.tls_certificate_loaded(side, not_after)
 
     def tls_reloaded(self, side: str, outcome: str) -> None:
-        self.tls_reloads.labels(side, outcome).inc()
+        self.listener_metrics.tls_reloaded(side, outcome)
 
 
 
@@ -988,8 +1044,8 @@ class _GroupMembersCollector:
 
     NAME, HELP = "kproxy_group_members", "Group members now: the last classic generation plus KIP-848 members heartbeating"
 
-    def __init__(self, metrics: Metrics):
-        self.metrics = metrics
+    def __init__(self, groups: _GroupMetrics):
+        self.metrics = groups
 
     def collect(self):
         labelled = self.metrics.group_label is not None

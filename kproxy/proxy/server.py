@@ -1,4 +1,5 @@
-"""The proxy: listeners, the broker directory, the rewrite policy, limits and shutdown.
+"""The proxy: listeners, the rewrite policy, limits and shutdown; which nodes are served
+at which addresses is the broker directory's (``directory.py``, pure), which it asks.
 
 Two deployment modes share one mechanism, the address mapper that every
 address-bearing response goes through:
@@ -73,7 +74,8 @@ from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPoli
 from . import telemetry_offer
 from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
                       rewrite_addresses, withhold_nodes)
-from ..certs.sni import BOOTSTRAP, certificate_covers
+from ..certs.sni import BOOTSTRAP
+from .directory import BrokerDirectory, NameCheck, Refusal
 from . import undecodable_sni
 from .tls import client_context, server_context
 
@@ -117,13 +119,6 @@ MISCONFIGURATION_LOG_KINDS_PER_INTERVAL = 20
 # one bind attempt per node every few seconds costs nothing.
 BIND_RETRY_FIRST_S = 0.25
 BIND_RETRY_MAX_S = 5.0
-OS_CHOSEN_PORT = 0                # broker_port_base 0: the OS picks each broker listener's port
-MAX_PORT = 65535
-NO_PORT = 0                       # in the address of a node left out where no answer can drop it
-# Nodes left out of answers (max_brokers reached, or no port for them): each node once
-# per interval, at most this many per interval (one answer may name thousands).
-LEFT_OUT_LOG_INTERVAL_S = 60.0
-LEFT_OUT_LOG_NODES_PER_INTERVAL = 3
 # Refused server names (SNI routing) are logged like decode failures: each name once per
 # interval, at most this many names per interval (a scanner trying names cannot flood the
 # log); kproxy_sni_refused_total counts every refusal.
@@ -182,21 +177,18 @@ class Proxy:
         # (version, answer after its correlation id) -> its rewritten rest, or None: unchanged
         self._api_versions_answers: dict[tuple[int, bytes], bytes | None] = {}
         self.relays: set[Relay] = set()
-        self.upstream_of: dict[int, HostPort] = {}         # node id -> real broker address
-        self.served_nodes: set[int] = set()                # at most max_brokers (see _serves)
-        self._left_out: set[int] = set()                   # nodes _serves refused in this answer
-        self._left_out_log = LogBudget(LEFT_OUT_LOG_INTERVAL_S, LEFT_OUT_LOG_NODES_PER_INTERVAL)
+        # Which nodes are served and at which addresses (pure); asks for listeners here.
+        self.directory = BrokerDirectory(config, self._ensure_broker_listener)
+        self.advertise = self.directory.advertise                  # the address mappers
+        self.advertise_controller = self.directory.advertise_controller
+        self.port_for = self.directory.port_for
+        self.broker_addresses = self.directory.broker_addresses
         self.listeners: dict[str, asyncio.Server] = {}     # "bootstrap" / "broker-<id>"
-        self.broker_ports: dict[int, int] = {}             # node id -> port (sequential rule)
-        self.bound_ports: dict[int, int] = {}              # node id -> port its listener is bound to
         self.unbound: dict[int, UnboundListener] = {}      # node id -> listener that cannot bind
         self._bootstrap_cycle = itertools.cycle(range(len(config.upstreams)))
         self.sni_names = config.sni_names                  # None unless routing = "sni"
         self._sni_log = LogBudget(SNI_LOG_INTERVAL_S, SNI_LOG_NAMES_PER_INTERVAL)
         self._sni_policies: dict[object, RelayPolicy] = {}  # BOOTSTRAP / node id -> policy
-        self._certificate_names: list[str] | None = None   # SNI routing: what the certificate covers
-        self._names_checked: set[int] = set()       # node ids whose name was checked against it
-        self.local_node: int | None = None          # sidecar: its broker's node id, once known
         self._tls_log = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL)
         # TLS contexts, rebuilt when their files change (tls_reload): listeners keep
         # _server_ssl for good, and its SNI callback moves each handshake to the newest.
@@ -209,8 +201,9 @@ class Proxy:
                                                self._new_server_context, self.observers)
             self._server_ssl = self.server_tls.current
             if self.sni_names is not None:
-                self._certificate_names = self.server_tls.material.dns_names()
-                self.server_tls.on_change(self._certificate_changed)
+                self.directory.certificate_names = self.server_tls.material.dns_names()
+                self.server_tls.on_change(
+                    lambda material: self.directory.certificate_changed(material.dns_names()))
         if config.tls_client is not None:
             self.client_tls = ReloadingContext("client", "tls_client", config.tls_client,
                                                functools.partial(client_context, config.tls_client),
@@ -227,7 +220,6 @@ class Proxy:
         if self.topic_names is not None:
             self.observers.append(self.topic_names)
         self._reaper: asyncio.Task | None = None
-        self._listen_port = config.listen[1]      # as bound, once started (0: OS-chosen)
         self._opening: set[str] = set()
         self._decode_log = LogBudget(DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL)
         self._unreachable_log = unreachable_log_budget()    # one for all listeners
@@ -239,55 +231,20 @@ class Proxy:
         self.started = False
         self.stopping = False
 
-    # ------------------------------------------------------------ addresses
+    # ------------------------------------------------------------ the directory's state
 
-    def port_for(self, node_id: int, assign: bool = True) -> int:
-        """The kproxy port a node is reached at, by the configured rule (``assign`` False:
-        the one a node not given a port yet would get, without giving it)."""
-        c = self.config
-        if c.broker_port_rule == "map" and node_id in c.broker_port_map:
-            return c.broker_port_map[node_id]
-        if c.broker_port_rule == "fixed":
-            return c.listen[1]
-        if c.port_base == OS_CHOSEN_PORT:                  # 0 until its listener is bound
-            return self.bound_ports.get(node_id, OS_CHOSEN_PORT)
-        if c.broker_port_rule == "sequential":
-            if node_id not in self.broker_ports:
-                used = set(self.broker_ports.values())
-                port = c.port_base
-                while port in used:
-                    port += 1
-                if not assign:
-                    return port
-                self.broker_ports[node_id] = port
-            return self.broker_ports[node_id]
-        return c.port_base + node_id                       # "offset", and unmapped nodes
+    @property
+    def upstream_of(self) -> dict[int, HostPort]:
+        """node id -> real broker address (the directory's; tests and benchmarks set it)."""
+        return self.directory.upstream_of
 
-    def sni_address(self, node_id: int) -> HostPort:
-        """SNI routing: the node's name, on the one listener's port (as bound)."""
-        name = self.sni_names.name_of(node_id)
-        if node_id not in self._names_checked:
-            self._names_checked.add(node_id)
-            self._check_certificate_covers(name)
-        return name, self._listen_port
+    @property
+    def bound_ports(self) -> dict[int, int]:
+        return self.directory.bound_ports
 
-    def _check_certificate_covers(self, name: str) -> None:
-        """Warn once per name kproxy advertises that its certificate is not valid for."""
-        known = self._certificate_names
-        if known is None or certificate_covers(known, name):
-            return
-        tls = self.config.tls_server
-        log.warning("kproxy's certificate (%s) is not valid for %s, a name it advertises (the "
-                    "certificate names %s): clients that verify host names will refuse it; use "
-                    "a wildcard *.%s or add the name to its SANs", tls.cert_file or tls.keystore_file,
-                    name, ", ".join(known) or "nothing", name.split(".", 1)[1])
-
-    def _certificate_changed(self, material) -> None:
-        """SNI routing: a reloaded certificate is checked against the names advertised."""
-        self._certificate_names = material.dns_names()
-        self._check_certificate_covers(self.sni_names.bootstrap)
-        for node_id in self._names_checked:
-            self._check_certificate_covers(self.sni_names.name_of(node_id))
+    @property
+    def local_node(self) -> int | None:
+        return self.directory.local_node
 
     # ------------------------------------------------------------ TLS
 
@@ -325,115 +282,27 @@ class Proxy:
         for tls in sides:
             self._tls_watches.append(loop.create_task(tls.reload(why)))
 
-    def _serves(self, node_id: int) -> bool:
-        """Whether kproxy serves a node an answer names: one it serves already, or a new one
-        while it serves fewer than ``max_brokers`` and the port rule gives it a port. Every
-        node served costs a listener, a port and some state, so a broker answer naming
-        thousands (hostile, or broken) must not get them all. A node refused is left out of
-        the answer (``transform``), and logged within a budget."""
-        if node_id in self.served_nodes:
-            return True
-        c = self.config
-        if len(self.served_nodes) >= c.max_brokers:
-            why = (f"kproxy serves max_brokers ({c.max_brokers}) nodes already; raise it if the "
-                   f"cluster is that big")
-        else:
-            # The rule's port, where the rule gives one before a listener is bound.
-            port = None if self.sni_names is not None or c.port_base == OS_CHOSEN_PORT \
-                or c.broker_port_rule == "fixed" else self.port_for(node_id, assign=False)
-            if port is not None and not 1 <= port <= MAX_PORT:
-                why = (f"broker_port_rule {c.broker_port_rule} gives it port {port}, outside "
-                       f"1-{MAX_PORT}: lower broker_port_base or map its port (broker_port_map)")
-            else:
-                self.served_nodes.add(node_id)
-                return True
-        self._leave_out(node_id, why)
-        return False
-
-    def _leave_out(self, node_id: int, why: str) -> None:
-        """Leave a node out of the answer being rewritten (``transform``), logged within a budget."""
-        self._left_out.add(node_id)
-        unlogged = self._left_out_log.admit(node_id)
-        if unlogged is not None:
-            log.warning("node %d is left out of what clients are told: %s%s", node_id, why,
-                        f" ({unlogged} more left out since the last such line)" if unlogged else "")
-
-    def advertise(self, node_id: int, host: str, port: int) -> HostPort:
-        """The AddressMapper: learn the upstream address, return the one clients get."""
-        c = self.config
-        if not self._serves(node_id):
-            return c.public_host, NO_PORT                   # left out by transform
-        if c.mode == "sidecar":
-            if self.sni_names is not None:
-                if self.local_node is None and (host.lower(), port) == (c.upstreams[0][0].lower(),
-                                                                        c.upstreams[0][1]):
-                    self.local_node = node_id
-                    log.info("this sidecar's broker is node %d (Metadata lists it at %s:%d); other "
-                             "nodes' names are refused here", node_id, host, port)
-                return self.sni_address(node_id)
-            return c.advertised_host_template.format(node_id=node_id, host=host), self.port_for(node_id)
-        if self.upstream_of.get(node_id) != (host, port):
-            self.upstream_of[node_id] = (host, port)
-            log.info("node %d is at %s:%d", node_id, host, port)
-        if self.sni_names is not None:
-            return self.sni_address(node_id)               # served by the one listener already
-        self._ensure_broker_listener(node_id)
-        return c.public_host, self.port_for(node_id)      # withheld later if it is not bound
-
-    def advertise_controller(self, node_id: int, host: str, port: int) -> HostPort:
-        """Like ``advertise`` for a controller's address, with nothing learnt or opened: the
-        address of the broker of the same node id kproxy serves (combined mode), or none.
-        A controller that is no broker kproxy serves is left out: DescribeCluster drops
-        it, the KRaft quorum answers (which only report) give it port 0."""
-        c = self.config
-        if c.mode == "sidecar":
-            return self.advertise(node_id, host, port)
-        served = self.upstream_of if self.sni_names is not None else self.bound_ports
-        if node_id not in served:
-            self._leave_out(node_id, "no broker kproxy serves has its node id (a controller "
-                                     "alone is not reachable through kproxy)")
-            return c.public_host, NO_PORT                   # left out by transform
-        if self.sni_names is not None:
-            return self.sni_address(node_id)
-        return c.public_host, self.port_for(node_id)
-
     # ------------------------------------------------------------ SNI routing
 
     def _on_server_name(self, ssl_object, server_name: str | None, _context) -> int | None:
         """The handshake's SNI callback: note the route on the connection, or refuse it."""
-        names = self.sni_names
-        route = names.route(server_name)
-        if route is None:
-            if server_name:
-                self._refuse_name(server_name, "unknown_name",
-                                  f"server name {server_name!r} is neither the bootstrap name "
-                                  f"{names.bootstrap!r} nor a broker name like {names.name_of(1)!r}")
-            else:
-                self._refuse_name(server_name, "no_name", "no server name (SNI) was sent: clients "
-                                                          "must connect by name, not address")
-            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
-        if isinstance(route, int) and self.local_node not in (None, route):
-            self._refuse_name(server_name, "other_node",
-                              f"server name {server_name!r} is node {route}'s, but this sidecar's "
-                              f"broker is node {self.local_node}: DNS or the load balancer sends it "
-                              f"to the wrong sidecar")
-            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
-        if self._unserved(route) and not self.own_requests.would_learn():
+        check = self.directory.check_server_name(server_name)
+        if check.refusal is None and self._unserved(check.route) and not self.own_requests.would_learn():
             # Asking the cluster again now would be skipped (asked within the interval): the
             # handshake could only end in the refusal the handler would give after it.
-            self._refuse_unserved(server_name, route)
+            check = self.directory.unserved_refusal(server_name, check.route)
+        if check.refusal is not None:
+            self._refuse_name(server_name, check)
             return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
-        setattr(ssl_object, ROUTE_ATTRIBUTE, route)
+        setattr(ssl_object, ROUTE_ATTRIBUTE, check.route)
         return None
 
     def _unserved(self, route) -> bool:
         """Whether a gateway's SNI route names a node kproxy does not serve (now)."""
-        return isinstance(route, int) and self.config.mode == "gateway" and route not in self.upstream_of
+        return self.directory.unserved(route)
 
     def _refuse_unserved(self, server_name: str | None, node_id: int) -> None:
-        self._refuse_name(server_name, "unknown_node",
-                          f"server name {server_name!r} names node {node_id}, which kproxy does not "
-                          f"serve (the cluster's Metadata does not list it, or max_brokers is reached)")
+        self._refuse_name(server_name, self.directory.unserved_refusal(server_name, node_id))
 
     def _undecodable_server_name(self, raw: bytes) -> None:
         """A ClientHello's server name that is not ASCII (Python's ssl failed the handshake
@@ -441,11 +310,13 @@ class Proxy:
         if self.sni_names is None:
             self._tls_handshake_failed("other", "server name not ASCII")
             return
-        self._refuse_name(raw, "unknown_name", f"server name {raw!r} is not ASCII, so no name kproxy serves")
+        self._refuse_name(raw, NameCheck(None, Refusal.UNKNOWN_NAME,
+                                         f"server name {raw!r} is not ASCII, so no name kproxy serves"))
 
-    def _refuse_name(self, server_name: str | bytes | None, reason: str, said: str) -> None:
+    def _refuse_name(self, server_name: str | bytes | None, check: NameCheck) -> None:
         """Count and log (within a budget) a server name SNI routing refuses."""
-        notify_hook(self.observers, Hook.SNI_REFUSED, reason)
+        notify_hook(self.observers, Hook.SNI_REFUSED, check.refusal.value)
+        said = check.said
         unlogged = self._sni_log.admit(server_name)
         if unlogged is not None:
             log.warning("refusing a TLS connection: %s (the same again within %gs is not logged%s; "
@@ -541,7 +412,8 @@ class Proxy:
 
     def _rewritten(self, event: ResponseReceived) -> bytes | None:
         api_key, version = event.api_key, event.api_version
-        if api_key in ENDPOINTS_ONLY_KEYS and not self.unbound:
+        directory = self.directory
+        if api_key in ENDPOINTS_ONLY_KEYS and not directory.withheld:
             # With every listener bound only the endpoints could change (withholding also
             # touches partitions' leader hints): none, nothing to do, no whole decode.
             partial = event.partial
@@ -559,11 +431,11 @@ class Proxy:
         controllers = api_key in CONTROLLER_ADDRESS_KEYS or (
             api_key == ApiKey.DESCRIBE_CLUSTER
             and getattr(response.body, "endpoint_type", None) == CONTROLLER_ENDPOINT_TYPE)
-        mapper = self.advertise_controller if controllers else self.advertise
-        self._left_out.clear()
+        mapper = directory.advertise_controller if controllers else directory.advertise
+        directory.begin_answer()
         changed = rewrite_addresses(api_key, version, response, mapper) or changed
-        # Unbound listeners are brokers'; nodes _serves refused are either.
-        unserved = self._left_out if controllers else self.unbound.keys() | self._left_out
+        # Unbound listeners are brokers'; nodes the directory refused are either.
+        unserved = directory.left_out(controllers)
         if unserved:
             changed = withhold_nodes(api_key, version, response, unserved) or changed
         if not changed:
@@ -700,7 +572,7 @@ class Proxy:
             self._bind_failed(node_id, address, exc)
             return False
         port = sock.getsockname()[1]
-        self.bound_ports[node_id] = port
+        self.directory.listener_bound(node_id, port)
         self._opening.add(name)
         task = asyncio.get_running_loop().create_task(
             self._serve(name, self._policy(name, node_id), sock))
@@ -721,6 +593,7 @@ class Proxy:
         if entry is None:
             entry = self.unbound[node_id] = UnboundListener(node_id, address, exc)
             entry.retry = asyncio.get_running_loop().create_task(self._retry_bind(entry))
+            self.directory.listener_failed(node_id)
         entry.address, entry.error = address, exc
         entry.failures += 1
         if exc.errno not in entry.causes_logged:
@@ -744,33 +617,23 @@ class Proxy:
         """One line per broker listener that cannot be bound now (for /readyz)."""
         return [entry.reason() for entry in list(self.unbound.values())]
 
-    def broker_addresses(self) -> dict[int, HostPort]:
-        """node id -> the address clients are handed for it (gateway; bound listeners only)."""
-        if self.sni_names is not None:
-            return {node_id: self.sni_address(node_id) for node_id in list(self.upstream_of)}
-        return {node_id: (self.config.public_host, port)
-                for node_id, port in list(self.bound_ports.items())}
-
     def _brokers_listed(self, present: set[int]) -> None:
-        """A Metadata answer lists every broker: kproxy stops serving the others (gateway:
-        closes their listeners), so brokers replaced over time never use up ``max_brokers``."""
-        if not present:
-            return                   # an error response, not a statement about the cluster
-        self.served_nodes &= present
-        if self.config.mode != "gateway":
-            return
-        for node_id in [n for n in self.upstream_of if n not in present]:
-            del self.upstream_of[node_id]
+        """A Metadata answer lists every broker: the directory stops serving the others, and
+        (gateway) their listeners are closed."""
+        for node_id in self.directory.brokers_listed(present):
             self._sni_policies.pop(node_id, None)
+        if not present or self.config.mode != "gateway":
+            return
         for name in [n for n in self.listeners if n.startswith("broker-")]:
             node_id = int(name.split("-", 1)[1])
             if node_id not in present:
                 log.info("node %d left the cluster; closing its listener", node_id)
                 self.listeners.pop(name).close()
-                self.bound_ports.pop(node_id, None)
+                self.directory.listener_closed(node_id)
         for node_id in [n for n in self.unbound if n not in present]:
             log.info("node %d left the cluster; no longer trying to listen for it", node_id)
             self.unbound.pop(node_id).retry.cancel()
+            self.directory.listener_closed(node_id)
 
     def traffic(self) -> dict[str, int]:
         """Cumulative bytes each way (closed connections plus live ones), for metrics."""
@@ -844,7 +707,7 @@ class Proxy:
         except OSError as exc:      # nothing is served yet: fail at start, naming the address
             raise OSError(f"listen {c.listen[0]}:{c.listen[1]}: "
                           f"{exc.strerror or exc}") from None
-        self._listen_port = sock.getsockname()[1]
+        self.directory.listen_port = sock.getsockname()[1]
         await self._serve("bootstrap", policy, sock)
         self._reaper = asyncio.get_running_loop().create_task(self._reap_idle())
         if self.server_tls is not None:
@@ -857,7 +720,7 @@ class Proxy:
         if self._header_gate is not None:
             log.info("%s", self._header_gate.describe())
         if self.sni_names is not None:
-            self._check_certificate_covers(self.sni_names.bootstrap)
+            self.directory.check_certificate_covers(self.sni_names.bootstrap)
             log.info("routing by TLS server name: %s%s and %s (node 1), all on port %d",
                      self.sni_names.bootstrap, "" if c.mode == "gateway" else " (this sidecar's broker)",
                      self.sni_names.name_of(1), self.bootstrap_address[1])
