@@ -128,8 +128,11 @@ def local_driver_memory_mb() -> int:
                    LOCAL_DRIVER_MEMORY_MAX_MB))
 
 
-def session(master: str | None):
-    """A SparkSession: ours with quiet logs when we start Spark, spark-submit's as it is otherwise."""
+def session(master: str | None, archive=None):
+    """A SparkSession: ours with quiet logs when we start Spark, spark-submit's as it is otherwise.
+
+    ``archive`` (a ``jvm.ClassArchive``) adds its options to the JVM we start.
+    """
     _check_java()
     from pyspark.sql import SparkSession
     builder = SparkSession.builder.appName("kproxy analyze")
@@ -145,7 +148,8 @@ def session(master: str | None):
                     builder = builder.config(key, value)
         builder = (builder.master(master)
                    .config("spark.ui.showConsoleProgress", "false")      # Progress prints stages
-                   .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"))
+                   .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
+                           + (f" {archive.java_options()}" if archive is not None else "")))
         spark = _start_without_incubator_notice(builder)
     else:
         spark = builder.getOrCreate()
@@ -194,6 +198,7 @@ def run(args, master: str | None) -> int:
               file=sys.stderr)
         return 2
     from .job import Options, analyze
+    from .jvm import ClassArchive
     from .source import InputError, resolve_inputs
     import logging
     logging.getLogger("py4j").setLevel(logging.WARNING)     # its INFO lines say nothing to a user
@@ -215,12 +220,18 @@ def run(args, master: str | None) -> int:
         args.out = args.out.removeprefix("file://")
         if not args.follow:
             resolve_inputs(args.paths, options.fmt, options.since)   # fail fast, before Spark starts
-        spark = session(master)
+        archive = ClassArchive.for_this_run() if master is not None and master.startswith("local") else None
+        spark = session(master, archive)
         if args.follow:
             from .follow import follow
             follow(spark, args.paths, args.out, options, once=args.once)
             return 0
         result = analyze(spark, args.paths, args.out, options)
+        if archive is not None and archive.recording is not None:
+            print("kproxy analyze: saving the JVM's classes for faster starts (first run only)",
+                  file=sys.stderr, flush=True)
+            if archive.finish(spark):
+                print(f"kproxy analyze: saved {archive.path}", file=sys.stderr)
     except (UsageError, InputError) as exc:
         print(f"kproxy analyze: error: {exc}", file=sys.stderr)
         return 2
