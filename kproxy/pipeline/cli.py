@@ -128,10 +128,10 @@ def local_driver_memory_mb() -> int:
                    LOCAL_DRIVER_MEMORY_MAX_MB))
 
 
-def session(master: str | None, archive=None):
+def session(master: str | None, java_options: str = ""):
     """A SparkSession: ours with quiet logs when we start Spark, spark-submit's as it is otherwise.
 
-    ``archive`` (a ``jvm.ClassArchive``) adds its options to the JVM we start.
+    ``java_options`` go to the driver JVM when we start it (``jvm``: class archive, JIT).
     """
     _check_java()
     from pyspark.sql import SparkSession
@@ -149,7 +149,7 @@ def session(master: str | None, archive=None):
         builder = (builder.master(master)
                    .config("spark.ui.showConsoleProgress", "false")      # Progress prints stages
                    .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
-                           + (f" {archive.java_options()}" if archive is not None else "")))
+                           + (f" {java_options}" if java_options else "")))
         spark = _start_without_incubator_notice(builder)
     else:
         spark = builder.getOrCreate()
@@ -198,7 +198,7 @@ def run(args, master: str | None) -> int:
               file=sys.stderr)
         return 2
     from .job import Options, analyze
-    from .jvm import ClassArchive
+    from .jvm import ClassArchive, jit_options
     from .source import InputError, resolve_inputs
     import logging
     logging.getLogger("py4j").setLevel(logging.WARNING)     # its INFO lines say nothing to a user
@@ -218,10 +218,13 @@ def run(args, master: str | None) -> int:
             raise UsageError("--out must be a local directory (the report and summary are written "
                              "by the driver); the tables can be copied anywhere from there")
         args.out = args.out.removeprefix("file://")
+        inputs = None
         if not args.follow:
-            resolve_inputs(args.paths, options.fmt, options.since)   # fail fast, before Spark starts
+            inputs = resolve_inputs(args.paths, options.fmt, options.since)   # fail fast, before Spark starts
         archive = ClassArchive.for_this_run() if master is not None and master.startswith("local") else None
-        spark = session(master, archive)
+        java_options = " ".join(filter(None, (archive.java_options() if archive else "",
+                                              jit_options(inputs.pairs if inputs else None))))
+        spark = session(master, java_options)
         if args.follow:
             from .follow import follow
             follow(spark, args.paths, args.out, options, once=args.once)

@@ -17,6 +17,8 @@ import time
 import pytest
 
 from kproxy.pipeline import jvm
+from kproxy.pipeline.source import resolve_inputs
+from kproxy.pipeline.synthetic import write_synthetic
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
                                 reason="no Java")
@@ -79,7 +81,7 @@ from pathlib import Path
 from pyspark import SparkContext
 from kproxy.pipeline import cli, jvm
 archive = jvm.ClassArchive.for_this_run(Path(sys.argv[1]))
-spark = cli.session("local[1]", archive)
+spark = cli.session("local[1]", archive.java_options())
 assert spark.range(3).count() == 3
 pid = SparkContext._gateway.proc.pid
 with open(f"/proc/{pid}/maps") as maps:
@@ -106,3 +108,13 @@ def test_kproxys_spark_jvm_records_the_archive_once_then_maps_it(tmp_path):
     assert run() == {"recording": True, "mapped": False, "saved": True}
     assert list(tmp_path.glob("*.partial")) == []
     assert run() == {"recording": False, "mapped": True, "saved": False}
+
+
+def test_only_small_captures_get_the_quick_jit(tmp_path):
+    write_synthetic(str(tmp_path / "small"), 1_000, files=1, seed=1)
+    small = resolve_inputs([str(tmp_path / "small")])
+    assert small.pairs == 1_000
+    assert jvm.jit_options(small.pairs) == "-XX:TieredStopAtLevel=1"
+    assert jvm.jit_options(jvm.QUICK_JIT_MAX_PAIRS + 1) == ""
+    assert jvm.jit_options(None) == ""                 # JSONL: its size is not known up front
+    assert _java("-XX:TieredStopAtLevel=1").returncode == 0
