@@ -142,10 +142,11 @@ def local_driver_memory_mb() -> int:
                    LOCAL_DRIVER_MEMORY_MAX_MB))
 
 
-def session(master: str | None, jars: list[str] | tuple[str, ...] = ()):
+def session(master: str | None, jars: list[str] | tuple[str, ...] = (), java_options: str = ""):
     """A SparkSession: ours with quiet logs when we start Spark, spark-submit's as it is otherwise.
 
     ``jars``: added to a Spark kproxy starts (spark-submit is given its own ``--packages``).
+    ``java_options`` go to the driver JVM when we start it (``jvm``: class archive, JIT).
     """
     _check_java()
     from pyspark.sql import SparkSession
@@ -167,7 +168,8 @@ def session(master: str | None, jars: list[str] | tuple[str, ...] = ()):
                     builder = builder.config(key, value)
         builder = (builder.master(master)
                    .config("spark.ui.showConsoleProgress", "false")      # Progress prints stages
-                   .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"))
+                   .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
+                           + (f" {java_options}" if java_options else "")))
         spark = _start_without_incubator_notice(builder)
     else:
         spark = builder.getOrCreate()
@@ -217,6 +219,7 @@ def run(args, master: str | None) -> int:
         return 2
     from . import kafka_jars, kafka_source
     from .job import Options, analyze
+    from .jvm import ClassArchive, jit_options
     from .source import InputError, resolve_inputs
     import logging
     logging.getLogger("py4j").setLevel(logging.WARNING)     # its INFO lines say nothing to a user
@@ -239,18 +242,27 @@ def run(args, master: str | None) -> int:
                              "by the driver); the tables can be copied anywhere from there")
         args.out = args.out.removeprefix("file://")
         jars: list[str] = []
+        inputs = None
         if any(kafka_source.is_kafka(p) for p in args.paths):
             kafka_source.one_input(args.paths)                        # fail fast, before Spark starts
             if master is not None:
                 jars = kafka_jars.connector_jars()
         elif not args.follow:
-            resolve_inputs(args.paths, options.fmt, options.since)   # fail fast, before Spark starts
-        spark = session(master, jars)
+            inputs = resolve_inputs(args.paths, options.fmt, options.since)   # fail fast, before Spark starts
+        archive = ClassArchive.for_this_run() if master is not None and master.startswith("local") else None
+        java_options = " ".join(filter(None, (archive.java_options() if archive else "",
+                                              jit_options(inputs.pairs if inputs else None))))
+        spark = session(master, jars, java_options)
         if args.follow:
             from .follow import follow
             follow(spark, args.paths, args.out, options, once=args.once)
             return 0
         result = analyze(spark, args.paths, args.out, options)
+        if archive is not None and archive.recording is not None:
+            print("kproxy analyze: saving the JVM's classes for faster starts (first run only)",
+                  file=sys.stderr, flush=True)
+            if archive.finish(spark):
+                print(f"kproxy analyze: saved {archive.path}", file=sys.stderr)
     except (UsageError, InputError, kafka_jars.ConnectorError) as exc:
         print(f"kproxy analyze: error: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -48,6 +49,18 @@ PROGRESS_REPEAT_S = 15.0          # a stage whose task counts stand still still 
 # those overlap, and the executors always have tasks. More at once only adds memory (every
 # running aggregation holds its hash map) without more cores to run them.
 CONCURRENT_TABLES = 4
+# Spark SQL settings the job's queries want wherever they run (``analyze`` sets them on
+# the session, as it does the Parquet timestamp type):
+JOB_SQL_SETTINGS = {
+    # percentile_approx and collect_set keep one buffer per group in a hash map; past this
+    # many groups in a task Spark falls back to sorting every input row by the grouping key
+    # (default 128). ``series`` has a group per minute and API (840 an hour), so it sorted
+    # all its rows. A buffer holds at most its group's values (a percentile's, once merged,
+    # at most ~PERCENTILE_ACCURACY), which Spark does not count against its memory: 4,096
+    # groups a task (with four shuffle partitions, about a day of one-minute windows of a
+    # dozen APIs) stay well within a default heap; a task with more groups still sorts.
+    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "4096",
+}
 
 
 @dataclass
@@ -194,7 +207,7 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
     options = options or Options()
     if options.window_seconds <= 0 or options.top <= 0:
         raise InputError("--window and --top must be positive")
-    stages = len(_PLAN) + 2 + (1 if options.report else 0) + (1 if options.policy is not None else 0)
+    stages = len(_SHARED) + len(_PLAN) + 2 + (1 if options.report else 0) + (1 if options.policy is not None else 0)
     progress = progress or Progress(spark, total=stages)
     progress.total = stages
     if options.report:
@@ -202,6 +215,8 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
         threading.Thread(target=_import_report, name="import-report", daemon=True).start()
     # Tables in the modern Parquet timestamp type (not Spark's legacy INT96), for every reader.
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    for key, value in JOB_SQL_SETTINGS.items():
+        spark.conf.set(key, value)
     inputs, pairs = load_capture(spark, paths, options.fmt, options.since, options.until)
     progress.note(_describe(inputs))
     # Parquet is read again by each table, only the columns it needs: cheaper than a cache of
@@ -247,9 +262,10 @@ def _write_tables(spark: SparkSession, pairs: DataFrame, out: str, options: Opti
                   progress: Progress) -> dict[str, tuple[str, int]]:
     """Write every table of ``_PLAN``, CONCURRENT_TABLES at a time: name -> (path, rows).
 
-    A table built from others (``_NEEDS``) starts once they are written and reads them
-    back from their Parquet. Tables are submitted in plan order, which lists a table after
-    those it needs, so a waiting table never holds back one it waits for.
+    A table built from others or from a shared step (``_NEEDS``) starts once they are
+    written and reads them back from their Parquet. Shared steps are submitted first, then
+    tables in plan order, which lists a table after those it needs, so a waiting table
+    never holds back one it waits for.
     """
     removed = T.removed_versions(spark)
     futures: dict[str, Future] = {}
@@ -260,19 +276,22 @@ def _write_tables(spark: SparkSession, pairs: DataFrame, out: str, options: Opti
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", name)
         built = {need: spark.read.parquet(futures[need].result()[0]) for need in _NEEDS.get(name, ())}
         df = make(pairs, built, options, removed)
-        path = os.path.join(out, "tables", name)
+        path = os.path.join(out, "tables" if name in TABLE_NAMES else WORK_DIR, name)
         rows = progress.stage(name, lambda: _write(df, path), lambda n: f"{n:,} rows")
         return path, rows
 
-    with ThreadPoolExecutor(max_workers=CONCURRENT_TABLES, thread_name_prefix="table") as pool:
-        for name, make in _PLAN:
-            futures[name] = pool.submit(build, name, make)
-        try:
-            return {name: future.result() for name, future in futures.items()}
-        except BaseException:
-            for future in futures.values():          # a failed table: start no more of them
-                future.cancel()
-            raise
+    try:
+        with ThreadPoolExecutor(max_workers=CONCURRENT_TABLES, thread_name_prefix="table") as pool:
+            for name, make in _SHARED + _PLAN:
+                futures[name] = pool.submit(build, name, make)
+            try:
+                return {name: futures[name].result() for name in TABLE_NAMES}
+            except BaseException:
+                for future in futures.values():      # a failed table: start no more of them
+                    future.cancel()
+                raise
+    finally:
+        shutil.rmtree(os.path.join(out, WORK_DIR), ignore_errors=True)
 
 
 def _write_policy_table(spark: SparkSession, inputs: Inputs, out: str, options: Options, result: Result,
@@ -309,7 +328,7 @@ _PLAN = (
     ("series", lambda p, b, o, r: T.series(p, o.window_seconds)),
     ("anomalies", lambda p, b, o, r: T.anomalies(b["series"])),
     ("clients", lambda p, b, o, r: T.clients(p)),
-    ("client_inventory", lambda p, b, o, r: T.client_inventory(p)),
+    ("client_inventory", lambda p, b, o, r: T.inventory_of_connections(b["per_connection"])),
     ("latency_split", lambda p, b, o, r: T.latency_split(p)),
     ("upgrade_readiness", lambda p, b, o, r: T.upgrade_readiness(p, r)),
     ("topic_clients", lambda p, b, o, r: T.topic_clients(p)),
@@ -319,16 +338,24 @@ _PLAN = (
     ("group_errors", lambda p, b, o, r: T.group_errors(p)),
     ("groups", lambda p, b, o, r: T.groups(p, b["rebalances"], b["group_members"], b["group_errors"])),
     ("slowest", lambda p, b, o, r: T.slowest(p, o.top)),
-    ("connections", lambda p, b, o, r: T.connections(p)),
+    ("connections", lambda p, b, o, r: T.churn_of_connections(b["per_connection"])),
     ("instances", lambda p, b, o, r: T.instances(p)),
     ("failovers", lambda p, b, o, r: failover_tables.failovers(p)),
     ("leader_changes", lambda p, b, o, r: failover_tables.leader_changes(p)),
     ("audit", lambda p, b, o, r: audit_table.audit(p)),
 )
 TABLE_NAMES = tuple(name for name, _ in _PLAN)
-# Tables built from other tables (the ``built`` argument above), which must be written first.
+# Steps whose output more than one table starts from, written first under ``out/WORK_DIR``
+# and removed once the tables are: one aggregation of the pairs instead of one per table.
+_SHARED = (
+    ("per_connection", lambda p, b, o, r: T.per_connection(p)),
+)
+WORK_DIR = ".work"
+# Tables built from other tables or shared steps (the ``built`` argument above), which must
+# be written first.
 _NEEDS = {"anomalies": ("series",), "topics": ("topic_clients",),
-          "groups": ("rebalances", "group_members", "group_errors")}
+          "groups": ("rebalances", "group_members", "group_errors"),
+          "client_inventory": ("per_connection",), "connections": ("per_connection",)}
 
 
 def _policy_summary(result: Result, read) -> dict:

@@ -50,6 +50,7 @@ class Inputs:
     format: str
     skipped: tuple[str, ...] = ()          # e.g. "12 .jsonl files (the .parquet files hold the same pairs)"
     pruned: int = 0                        # files left out because they end before --since
+    pairs: int | None = None               # rows in the files, when their footers say (Parquet)
 
 
 def is_uri(path: str) -> bool:
@@ -139,7 +140,7 @@ def resolve_inputs(paths: list[str], fmt: str = "auto", since: dt.datetime | Non
     rows = sum(check_file(path, fmt) for path in kept)
     if rows == 0:
         raise InputError(f"the capture in {' '.join(paths)} holds no request/response pairs")
-    return Inputs(tuple(kept), fmt, skipped, pruned)
+    return Inputs(tuple(kept), fmt, skipped, pruned, rows if fmt == "parquet" else None)
 
 
 def prune_before(files: list[str], since: dt.datetime) -> tuple[list[str], int]:

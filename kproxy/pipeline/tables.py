@@ -54,6 +54,16 @@ REBALANCE_ERRORS = ("REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENER
 # coordinator (a fresh broker answers them while it loads groups), not back into a rebalance.
 
 
+def _ordered(table: DataFrame, *columns) -> DataFrame:
+    """``table`` sorted in a single partition, for ``DataFrame.transform``.
+
+    Tables are aggregates (a row per API, client, window...), small enough for one
+    task; a global ``orderBy`` would cost each of them a sampling job first (Spark's
+    range partitioning), which for most captures took longer than the sort itself.
+    """
+    return table.repartition(1).sortWithinPartitions(*columns)
+
+
 def _count_if(condition) -> F.Column:
     return F.sum(F.when(condition, 1).otherwise(0))
 
@@ -110,7 +120,7 @@ def api_latency(pairs: DataFrame) -> DataFrame:
                     "throttled", (F.col("throttled") / F.col("answered")).alias("throttled_share"),
                     F.col("tq")[0].alias("throttle_p50_ms"), F.col("tq")[1].alias("throttle_p99_ms"),
                     "throttle_max_ms")
-            .orderBy("api_key", "api_version"))
+            .transform(_ordered, "api_key", "api_version"))
 
 
 def api_errors(pairs: DataFrame) -> DataFrame:
@@ -122,7 +132,7 @@ def api_errors(pairs: DataFrame) -> DataFrame:
               .groupBy("api_name", "api_version", "error").agg(F.count("*").alias("pairs")))
     return (errors.join(totals, ["api_name", "api_version"])
             .withColumn("share", F.col("pairs") / F.col("answered"))
-            .orderBy(F.desc("pairs"), "api_name", "api_version", "error"))
+            .transform(_ordered, F.desc("pairs"), "api_name", "api_version", "error"))
 
 
 # ------------------------------------------------------------------ 2. time series and anomalies
@@ -132,7 +142,7 @@ SERIES_KEY = ("window_start", "api_name")     # one row of ``series`` per window
 
 def series(pairs: DataFrame, window_seconds: int) -> DataFrame:
     """Per time window and API: rate, p99 latency, bytes, errors, throttling."""
-    return series_unordered(pairs, window_seconds).orderBy(*SERIES_KEY)
+    return series_unordered(pairs, window_seconds).transform(_ordered, *SERIES_KEY)
 
 
 def series_unordered(pairs: DataFrame, window_seconds: int) -> DataFrame:
@@ -181,7 +191,7 @@ def anomalies(series_table: DataFrame) -> DataFrame:
                                            "value", "baseline", "spread", "windows",
                                            "requests").alias("evidence")))
         found = flagged if found is None else found.unionByName(flagged)
-    return found.orderBy(F.desc("score"))
+    return found.transform(_ordered, F.desc("score"))
 
 
 # ------------------------------------------------------------------ 3. clients
@@ -204,7 +214,7 @@ def clients(pairs: DataFrame) -> DataFrame:
                  F.min("time").alias("first_seen"), F.max("time").alias("last_seen"))
             .withColumn("records_produced", F.coalesce("records_produced", F.lit(0)))
             .withColumn("records_fetched", F.coalesce("records_fetched", F.lit(0)))
-            .orderBy(F.desc("requests"), "client_id", "client_host"))
+            .transform(_ordered, F.desc("requests"), "client_id", "client_host"))
 
 
 def _pushed(name: str) -> F.Column:
@@ -293,7 +303,8 @@ def inventory_of_connections(connections: DataFrame) -> DataFrame:
             .agg(F.count("*").alias("connections"), F.sum("requests").alias("requests"),
                  F.array_sort(F.array_distinct(F.flatten(F.collect_list("api_versions")))).alias("api_versions"),
                  F.min("opened").alias("first_seen"), F.max("last_active").alias("last_seen"))
-            .orderBy("client_software_name", "client_software_version", "client_id", "client_host"))
+            .transform(_ordered, "client_software_name", "client_software_version", "client_id",
+                       "client_host"))
 
 
 def removed_versions(spark) -> DataFrame:
@@ -318,7 +329,7 @@ def upgrade_readiness(pairs: DataFrame, removed: DataFrame) -> DataFrame:
                      F.lit("v"), F.col("removed_lo").cast("string"), F.lit("-v"),
                      F.col("removed_hi").cast("string"))).alias("removed_versions"),
                  F.min("time").alias("first_seen"), F.max("time").alias("last_seen"))
-            .orderBy("client_id", "client_host", "api_name", "api_version"))
+            .transform(_ordered, "client_id", "client_host", "api_name", "api_version"))
 
 
 # ------------------------------------------------------------------ 4. topics
@@ -341,7 +352,7 @@ def topic_clients(pairs: DataFrame) -> DataFrame:
                  F.sum(F.when(~F.col("rejected"), F.col("t.record_count")).otherwise(0)).alias("records"),
                  F.sum(F.when(~F.col("rejected"), F.col("t.record_bytes")).otherwise(0)).alias("bytes"),
                  F.sum(F.when(F.col("rejected"), F.col("t.record_count")).otherwise(0)).alias("rejected_records"))
-            .orderBy("topic", "role", F.desc("records"), "client_id"))
+            .transform(_ordered, "topic", "role", F.desc("records"), "client_id"))
 
 
 def topics(pairs: DataFrame, flows: DataFrame) -> DataFrame:
@@ -364,7 +375,7 @@ def topics(pairs: DataFrame, flows: DataFrame) -> DataFrame:
                       ("produced_records", "produced_bytes", "fetched_records", "fetched_bytes")),
                     F.coalesce("producers", F.array()).alias("producers"),
                     F.coalesce("consumers", F.array()).alias("consumers"))
-            .orderBy(F.desc("produced_records"), F.desc("fetched_records"), "topic"))
+            .transform(_ordered, F.desc("produced_records"), F.desc("fetched_records"), "topic"))
 
 
 # ------------------------------------------------------------------ 5. consumer groups
@@ -401,7 +412,7 @@ def rebalances(pairs: DataFrame) -> DataFrame:
                         "completed", "members"))
     return (classic.unionByName(consumer)
             .withColumn("duration_s", _seconds_between("completed", "started"))
-            .orderBy("group_id", "started"))
+            .transform(_ordered, "group_id", "started"))
 
 
 def group_members(pairs: DataFrame, window_seconds: int) -> DataFrame:
@@ -410,7 +421,7 @@ def group_members(pairs: DataFrame, window_seconds: int) -> DataFrame:
             .groupBy(F.window("time", f"{window_seconds} seconds").alias("w"), "group_id")
             .agg(F.countDistinct("member_id").alias("members"))
             .select(F.col("w.start").alias("window_start"), "group_id", "members")
-            .orderBy("window_start", "group_id"))
+            .transform(_ordered, "window_start", "group_id"))
 
 
 def group_errors(pairs: DataFrame) -> DataFrame:
@@ -421,7 +432,7 @@ def group_errors(pairs: DataFrame) -> DataFrame:
             .groupBy("group_id", "api_name", "error")
             .agg(F.count("*").alias("pairs"), F.min("time").alias("first_seen"),
                  F.max("time").alias("last_seen"))
-            .orderBy("group_id", F.desc("pairs")))
+            .transform(_ordered, "group_id", F.desc("pairs")))
 
 
 def groups(pairs: DataFrame, generations: DataFrame, members: DataFrame, errors: DataFrame) -> DataFrame:
@@ -446,7 +457,7 @@ def groups(pairs: DataFrame, generations: DataFrame, members: DataFrame, errors:
                     "rebalance_p50_s", "rebalance_max_s",
                     F.coalesce("rejoin_errors", F.lit(0)).alias("rejoin_errors"),
                     "commits", "client_ids", "first_seen", "last_seen")
-            .orderBy(F.desc("rebalances"), "group_id"))
+            .transform(_ordered, F.desc("rebalances"), "group_id"))
 
 
 # ------------------------------------------------------------------ 6. slow pairs, churn
@@ -463,7 +474,12 @@ def slowest(pairs: DataFrame, top: int) -> DataFrame:
 
 def connections(pairs: DataFrame) -> DataFrame:
     """Connection churn per client: connections opened, lifetimes, short-lived ones."""
-    return (per_connection(pairs)
+    return churn_of_connections(per_connection(pairs))
+
+
+def churn_of_connections(connections: DataFrame) -> DataFrame:
+    """``connections`` from ``per_connection`` rows (the job derives those once for two tables)."""
+    return (connections
             .groupBy("client_id", "client_host", "proxy_instance")
             .agg(F.count("*").alias("connections"),
                  _count_if(F.col("lifetime_s") < SHORT_LIVED_CONNECTION_S).alias("short_lived"),
@@ -471,7 +487,7 @@ def connections(pairs: DataFrame) -> DataFrame:
                  F.max("lifetime_s").alias("lifetime_max_s"),
                  F.avg("requests").alias("requests_per_connection"),
                  F.min("opened").alias("first_opened"), F.max("opened").alias("last_opened"))
-            .orderBy(F.desc("connections"), "client_id", "client_host"))
+            .transform(_ordered, F.desc("connections"), "client_id", "client_host"))
 
 
 # ------------------------------------------------------------------ per proxy instance
@@ -491,4 +507,4 @@ def instances(pairs: DataFrame) -> DataFrame:
                     (F.col("error_pairs") / F.col("requests")).alias("error_rate"),
                     F.col("q")[0].alias("latency_p50_ms"), F.col("q")[1].alias("latency_p99_ms"),
                     "request_bytes", "response_bytes", "first_seen", "last_seen")
-            .orderBy(F.desc("requests"), "proxy_instance"))
+            .transform(_ordered, F.desc("requests"), "proxy_instance"))
