@@ -4,8 +4,8 @@
 - ``start_proxy``: kproxies in front of ``kafka_cluster``, stopped after the test;
 - ``topic``: a one-partition topic per test module;
 - ``client_bytes``: every byte kproxy forwards to clients, for the leak scans;
-- ``cluster3``, ``tls_cluster``: a three-node cluster and a TLS-only node, one each per session
-  (tests that stop a node start it again);
+- ``tls_cluster``: a TLS-only node, one per session (``cluster3``, three nodes, is in
+  tests/conftest.py);
 - ``node_ids``, ``workers_proxy``, ``workers_topic``: ``kproxy run --workers 2`` and a topic
   through it, one per module.
 
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kproxy.embedded import KAFKA_4_VERSION, KafkaCluster
+from kproxy.embedded import KAFKA_4_VERSION, LIGHT_BROKER_JVM_ARGS, KafkaCluster
 from kproxy.protocol.connection import Connection
 from tests.proxy.harness import ProxyThread, Workers
 from tests.proxy.wire import WitnessClient, create_topic
@@ -78,13 +78,6 @@ def client_bytes(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def cluster3(require_kafka) -> Iterator[KafkaCluster]:
-    require_kafka(KAFKA_4_VERSION)
-    with KafkaCluster(3) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="session")
 def tls_cluster(require_kafka, pki) -> Iterator[KafkaCluster]:
     """One node whose CLIENT listener is TLS only and requires a client certificate."""
     require_kafka(KAFKA_4_VERSION)
@@ -96,7 +89,7 @@ def tls_cluster(require_kafka, pki) -> Iterator[KafkaCluster]:
         "listener.name.client.ssl.truststore.location": str(pki.ca),
         "listener.name.client.ssl.client.auth": "required",
     }
-    with KafkaCluster(extra_config=extra) as cluster:
+    with KafkaCluster(extra_config=extra, jvm_args=LIGHT_BROKER_JVM_ARGS) as cluster:
         yield cluster
 
 
