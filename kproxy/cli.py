@@ -150,7 +150,7 @@ def _demo_traffic(bootstrap: str, stop: threading.Event) -> None:
 
 async def _demo(args) -> int:
     from . import config as config_module
-    from .embedded.kafka import KafkaCluster
+    from .embedded.kafka import LIGHT_BROKER_JVM_ARGS, KafkaCluster
     from .allocator import tune_allocator
     from .runtime import Runtime
 
@@ -160,7 +160,7 @@ async def _demo(args) -> int:
     # analysis still runs.
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     say("starting a local Apache Kafka broker (KRaft) ...")
-    cluster = KafkaCluster(1)
+    cluster = KafkaCluster(1, jvm_args=LIGHT_BROKER_JVM_ARGS)      # a demo's traffic is light
     await asyncio.to_thread(cluster.start)
     try:
         # Port 0 everywhere unless asked otherwise: kproxy binds first and advertises

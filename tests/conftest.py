@@ -20,6 +20,7 @@ import pytest
 from kproxy.embedded import (
     KAFKA_3_VERSION,
     KAFKA_4_VERSION,
+    LIGHT_BROKER_JVM_ARGS,
     EmbeddedBrokerError,
     KafkaCluster,
     TansuBroker,
@@ -112,7 +113,7 @@ def require_kafka() -> Callable[[str], None]:
 def kafka_cluster() -> Iterator[KafkaCluster]:
     """One combined Kafka node of the newest 4.x release."""
     _require_kafka(KAFKA_4_VERSION)
-    with KafkaCluster(version=KAFKA_4_VERSION) as cluster:
+    with KafkaCluster(version=KAFKA_4_VERSION, jvm_args=LIGHT_BROKER_JVM_ARGS) as cluster:
         yield cluster
 
 
@@ -120,15 +121,7 @@ def kafka_cluster() -> Iterator[KafkaCluster]:
 def kafka3_cluster() -> Iterator[KafkaCluster]:
     """One combined Kafka node of the 3.x line (old protocol versions, no KIP-848 default)."""
     _require_kafka(KAFKA_3_VERSION)
-    with KafkaCluster(version=KAFKA_3_VERSION) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="session")
-def cluster3(require_kafka) -> Iterator[KafkaCluster]:
-    """Three Kafka 4.x nodes (tests that stop a node or move a leader restore it)."""
-    require_kafka(KAFKA_4_VERSION)
-    with KafkaCluster(3) as cluster:
+    with KafkaCluster(version=KAFKA_3_VERSION, jvm_args=LIGHT_BROKER_JVM_ARGS) as cluster:
         yield cluster
 
 
@@ -146,12 +139,13 @@ def tansu_broker() -> Iterator[TansuBroker]:
 
 @pytest.fixture
 def make_kafka_cluster() -> Iterator[Callable[..., KafkaCluster]]:
-    """Factory for a started ``KafkaCluster(**kwargs)``; all are stopped after the test."""
+    """Factory for a started ``KafkaCluster(**kwargs)`` (light JVM flags unless ``jvm_args``
+    says otherwise); all are stopped after the test."""
     clusters: list[KafkaCluster] = []
 
     def make(**kwargs: Any) -> KafkaCluster:
         _require_kafka(kwargs.get("version", KAFKA_4_VERSION))
-        cluster = KafkaCluster(**kwargs)
+        cluster = KafkaCluster(**{"jvm_args": LIGHT_BROKER_JVM_ARGS, **kwargs})
         clusters.append(cluster)
         cluster.start()
         return cluster
@@ -169,8 +163,20 @@ def pki(tmp_path_factory) -> PKI:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
+@pytest.fixture(scope="session")
+def cluster3(require_kafka) -> Iterator[KafkaCluster]:
+    """Three combined nodes (tests that stop a node or move a leader restore it before they end)."""
+    require_kafka(KAFKA_4_VERSION)
+    with KafkaCluster(3, jvm_args=LIGHT_BROKER_JVM_ARGS) as cluster:
+        yield cluster
+
+
 def sasl_cluster_settings() -> dict[str, Any]:
-    """``KafkaCluster`` arguments of ``sasl_cluster`` (for a fixture that adds settings)."""
+    """``KafkaCluster`` arguments of ``sasl_cluster`` (for a fixture that adds settings).
+
+    With an authorizer (kafka-acls asks for the ACLs first, and a broker without one refuses
+    that): alice is a super user, and so is the unauthenticated inter-broker and controller
+    traffic of this one node, so every test that signs in as alice may do anything."""
     extra = {
         "listener.security.protocol.map": "CLIENT:SASL_PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
@@ -180,14 +186,17 @@ def sasl_cluster_settings() -> dict[str, Any]:
             f'user_{SCRAM_USER}="{PASSWORD}";',
         "listener.name.client.scram-sha-512.sasl.jaas.config":
             "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": f"User:{SCRAM_USER};User:ANONYMOUS",
     }
     scram = f"SCRAM-SHA-512=[name={SCRAM_USER},password={PASSWORD}]"
-    return {"extra_config": extra, "format_args": ["--add-scram", scram]}
+    return {"extra_config": extra, "format_args": ["--add-scram", scram], "jvm_args": LIGHT_BROKER_JVM_ARGS}
 
 
 @pytest.fixture(scope="session")
 def sasl_cluster(require_kafka) -> Iterator[KafkaCluster]:
-    """One node with SASL_PLAINTEXT on CLIENT: PLAIN (JAAS users) and SCRAM-SHA-512."""
+    """One node with SASL_PLAINTEXT on CLIENT: PLAIN (JAAS users) and SCRAM-SHA-512, and ACLs
+    (alice a super user)."""
     require_kafka(KAFKA_4_VERSION)
     with KafkaCluster(**sasl_cluster_settings()) as cluster:
         yield cluster

@@ -1,8 +1,8 @@
 """The embedded brokers really serve Kafka clients: Python clients, Kafka's own Java tools,
 multi-node clusters, advertised-address overrides and node restarts.
 
-Clusters are shared (session fixtures, one module-scoped three-node cluster) because a
-KRaft start costs 5-15 s on 2 cores.
+Clusters are shared (the session fixtures, ``cluster3`` for three nodes) because a KRaft
+start costs 5-15 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -208,46 +208,37 @@ def test_fetch_is_idempotent(kafka_cluster: KafkaCluster) -> None:
     assert (home / "lib").is_dir() and (home / "tools-lib").is_dir()
 
 
-@pytest.fixture(scope="module")
-def three_nodes(require_kafka: Callable[[str], None]) -> Iterator[KafkaCluster]:
-    """Three combined nodes advertising "localhost" rather than the 127.0.0.1 they bind:
-    an override that clients can still follow."""
-    require_kafka(KAFKA_4_VERSION)
-    with KafkaCluster(3, advertised=lambda node_id, port: f"localhost:{port}") as cluster:
-        yield cluster
-
-
-def test_three_nodes_form_one_cluster(three_nodes: KafkaCluster) -> None:
-    admin = AdminClient({"bootstrap.servers": three_nodes.bootstrap_servers})
+def test_three_nodes_form_one_cluster(cluster3: KafkaCluster) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster3.bootstrap_servers})
     description = admin.describe_cluster().result(ADMIN_TIMEOUT_S)
     assert sorted(node.id for node in description.nodes) == [1, 2, 3]
-    assert {node.host for node in description.nodes} == {"localhost"}
-    assert {node.port for node in description.nodes} == {node.port for node in three_nodes.nodes}
+    assert {(node.host, node.port) for node in description.nodes} == {(n.host, n.port) for n in cluster3.nodes}
 
     topic = _topic("replicated")
     admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=3)])[topic].result(ADMIN_TIMEOUT_S)
-    received = _confluent_round_trip(three_nodes.bootstrap_servers, topic, {"session.timeout.ms": SESSION_TIMEOUT_MS})
+    received = _confluent_round_trip(cluster3.bootstrap_servers, topic, {"session.timeout.ms": SESSION_TIMEOUT_MS})
     assert sorted(received) == sorted(_payloads())
 
 
-def test_stop_and_start_node(three_nodes: KafkaCluster) -> None:
-    first = three_nodes.nodes[0]
-    three_nodes.stop_node(3)
+def test_stop_and_start_node(cluster3: KafkaCluster) -> None:
+    first = cluster3.nodes[0]
+    cluster3.stop_node(3)
     try:
-        assert three_nodes.running_node_ids() == [1, 2]
+        assert cluster3.running_node_ids() == [1, 2]
         assert sorted(b.node_id for b in metadata_brokers(first.host, first.port)) == [1, 2]
     finally:
-        three_nodes.start_node(3)
-    assert three_nodes.running_node_ids() == [1, 2, 3]
+        cluster3.start_node(3)
+    assert cluster3.running_node_ids() == [1, 2, 3]
     assert sorted(b.node_id for b in metadata_brokers(first.host, first.port)) == [1, 2, 3]
 
 
 def test_unreachable_advertised_address(make_kafka_cluster: Callable[..., KafkaCluster]) -> None:
     """A broker can advertise a relay that does not exist yet: start-up probes the INTERNAL
-    listener, and the CLIENT listener hands out the override."""
-    cluster = make_kafka_cluster(advertised={1: "relay.invalid:19092"})
+    listener, and the CLIENT listener hands out the override (here a function of the node
+    id and the port it listens on)."""
+    cluster = make_kafka_cluster(advertised=lambda node_id, port: f"relay{node_id}.invalid:{port + 1}")
     (node,) = cluster.nodes
-    assert metadata_brokers(node.host, node.port) == [(1, "relay.invalid", 19092)]
+    assert metadata_brokers(node.host, node.port) == [(1, "relay1.invalid", node.port + 1)]
     internal_host, internal_port = cluster.internal_bootstrap_servers.split(":")
     assert metadata_brokers(internal_host, int(internal_port)) == [(1, internal_host, int(internal_port))]
 

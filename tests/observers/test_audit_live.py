@@ -17,8 +17,7 @@ import uuid
 
 import pytest
 
-from kproxy.embedded.kafka import KAFKA_4_VERSION, KafkaCluster, run_tool
-from tests.conftest import sasl_cluster_settings
+from kproxy.embedded.kafka import run_tool
 from tests.observers.metrics import sample, scrape_until
 from tests.observers.test_principal_live import spellings
 from tests.proxy.harness import PASSWORD, SCRAM_USER, ProxyThread, sasl_config
@@ -40,22 +39,8 @@ def audit_files(directory) -> list[str]:
     return rotated + [os.path.join(directory, "audit.jsonl")]
 
 
-@pytest.fixture(scope="class")
-def acl_cluster(require_kafka):
-    """``sasl_cluster`` with an authorizer (kafka-acls asks for the ACLs first, and a broker
-    without one refuses that): alice is a super user, and so is the unauthenticated
-    inter-broker and controller traffic of this one node."""
-    require_kafka(KAFKA_4_VERSION)
-    settings = sasl_cluster_settings()
-    settings["extra_config"].update({
-        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-        "super.users": f"User:{SCRAM_USER};User:ANONYMOUS"})
-    with KafkaCluster(**settings) as cluster:
-        yield cluster
-
-
 class TestAuditTrail:
-    def test_kafka_tools_changes_are_audited_with_principal_and_answers(self, acl_cluster, tmp_path, caplog):
+    def test_kafka_tools_changes_are_audited_with_principal_and_answers(self, sasl_cluster, tmp_path, caplog):
         from confluent_kafka import Consumer, Producer
         from kafka import KafkaAdminClient
         from kafka.admin import NewTopic
@@ -69,15 +54,15 @@ class TestAuditTrail:
             "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
             "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
             f'username="{SCRAM_USER}" password="{PASSWORD}";\n')
-        with ProxyThread(upstream=acl_cluster.bootstrap_servers, instance_name="kproxy-audit-test",
+        with ProxyThread(upstream=sasl_cluster.bootstrap_servers, instance_name="kproxy-audit-test",
                          audit={"path": str(audit_dir / "audit.jsonl"), "rotate_bytes": ROTATE_BYTES,
                                 "keep": 20}) as proxy:
             def tool(main_class, *args, check=True):
-                return run_tool(acl_cluster, main_class, "--bootstrap-server", proxy.bootstrap,
+                return run_tool(sasl_cluster, main_class, "--bootstrap-server", proxy.bootstrap,
                                 "--command-config", str(properties), *args, check=check,
                                 timeout=TOOL_TIMEOUT_S)
 
-            tools = acl_cluster.tools
+            tools = sasl_cluster.tools
             tool(tools.topics, "--create", "--topic", topic, "--partitions", "2",
                  "--replication-factor", "1", "--config", "retention.ms=3600000")
             tool(CONFIG_COMMAND, "--alter", "--entity-type", "topics", "--entity-name", topic,

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kproxy.embedded import KAFKA_4_VERSION, KafkaCluster
+from kproxy.embedded import KAFKA_4_VERSION, LIGHT_BROKER_JVM_ARGS, KafkaCluster
 from kproxy.protocol.connection import Connection
 from tests.proxy.harness import ProxyThread, Workers
 from tests.proxy.wire import WitnessClient, create_topic
@@ -89,7 +89,7 @@ def tls_cluster(require_kafka, pki) -> Iterator[KafkaCluster]:
         "listener.name.client.ssl.truststore.location": str(pki.ca),
         "listener.name.client.ssl.client.auth": "required",
     }
-    with KafkaCluster(extra_config=extra) as cluster:
+    with KafkaCluster(extra_config=extra, jvm_args=LIGHT_BROKER_JVM_ARGS) as cluster:
         yield cluster
 
 

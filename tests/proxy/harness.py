@@ -19,6 +19,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,7 +31,7 @@ import urllib.request
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
@@ -223,26 +224,55 @@ PROCESS_STOP_TIMEOUT_S = 30.0     # SIGTERM to exit; past it the process is kill
 LOG_TAIL_CHARS = 20_000           # of the process's log, shown with a failure
 
 
+# Where a `kproxy run` listens, from the start-up block it logs once serving
+# (kproxy/startup_log.py): bound addresses, so ports the OS picked are filled in.
+STARTUP_BOOTSTRAP = re.compile(r"^.* INFO kproxy\S*   kafka bootstrap  (\S+) \(clients told", re.M)
+STARTUP_ADMIN = re.compile(r"^.* INFO kproxy\S*   admin            (?:http://(\S+) |off)", re.M)
+STARTUP_PROBES = re.compile(r"^.* INFO kproxy\S*   probes           (?:http://(\S+) |off)", re.M)
+
+
+class Listening(NamedTuple):
+    """Where a ``kproxy run`` listens, as its start-up block says ("host:port"; None: off)."""
+    bootstrap: str
+    admin: str | None
+    probes: str | None
+
+
+def listening(log: str) -> Listening | None:
+    """The addresses in a ``kproxy run`` log's start-up block; None until it is all there
+    (the probes line comes after the other two)."""
+    bootstrap, admin, probes = (pattern.search(log) for pattern in
+                                (STARTUP_BOOTSTRAP, STARTUP_ADMIN, STARTUP_PROBES))
+    if not (bootstrap and admin and probes):
+        return None
+    return Listening(bootstrap[1], admin[1], probes[1])
+
+
 class KproxyProcess:
     """``with KproxyProcess(tmp_path, upstream=..., **settings) as kproxy:`` a ``kproxy run``
     process, configured by a TOML file written from ``settings``.
 
-    ``listen`` and ``admin_listen`` default to free loopback ports (a test that picks more
-    ports passes them too, from one ``free_ports`` call, so all differ). On entry the process
-    starts and, unless ``ready`` is None, is waited for until ``GET <admin><ready>`` (the
-    probe port's with ``admin_listen="off"``) answers 200; on exit it gets SIGTERM (then
-    SIGKILL past ``PROCESS_STOP_TIMEOUT_S``). A failure inside, or in starting, carries the
-    tail of the process's log. ``entry``: what runs kproxy (``("-c", CODE)`` to patch a
-    constant first).
+    Every listener defaults to port 0 (the OS picks; broker listeners too, in gateway mode
+    with ports routing) and the test learns what was bound from the start-up block the
+    process logs (``bootstrap``, ``admin_url``, ``probe_url`` wait for it). With workers
+    > 1 every worker binds the same listen port, so that one is taken from ``free_port``.
+    On entry the process starts and, unless ``ready`` is None, is waited for until
+    ``GET <admin><ready>`` (the probe port's with ``admin_listen="off"``) answers 200; on
+    exit it gets SIGTERM (then SIGKILL past ``PROCESS_STOP_TIMEOUT_S``). A failure inside,
+    or in starting, carries the tail of the process's log. ``entry``: what runs kproxy
+    (``("-c", CODE)`` to patch a constant first).
     """
 
     def __init__(self, directory: Path, *, ready: str | None = "/readyz", env: dict[str, str] | None = None,
                  preexec_fn: Callable[[], None] | None = None, entry: tuple[str, ...] = ("-m", "kproxy"),
                  **settings: Any):
-        if "listen" not in settings or "admin_listen" not in settings:
-            listen, admin = free_ports(2)
-            settings.setdefault("listen", f"127.0.0.1:{listen}")
-            settings.setdefault("admin_listen", f"127.0.0.1:{admin}")
+        if settings.get("workers", 1) > 1:
+            settings.setdefault("listen", f"127.0.0.1:{free_port()}")    # one port, shared (SO_REUSEPORT)
+        settings.setdefault("listen", "127.0.0.1:0")
+        settings.setdefault("admin_listen", "127.0.0.1:0")
+        if (settings.get("mode", "gateway") == "gateway" and settings.get("routing", "ports") == "ports"
+                and settings["listen"].endswith(":0") and settings.get("broker_port_rule") != "map"):
+            settings.setdefault("broker_port_base", 0)
         self.settings = settings
         self.ready = ready
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
@@ -252,24 +282,36 @@ class KproxyProcess:
         self.config_path = Path(directory) / f"{name}.toml"
         self.log_path = Path(directory) / f"{name}.log"
         self.process: subprocess.Popen | None = None
+        self._listening: Listening | None = None
+
+    def listening(self, timeout: float = PROCESS_START_TIMEOUT_S) -> Listening:
+        """Where it listens; waits for the start-up block (fails if the process exits first)."""
+        if self._listening is None:
+            def logged() -> Listening | None:
+                found = listening(self.log_text())
+                assert found or self.process.poll() is None, \
+                    f"kproxy exited with {self.process.returncode} before its start-up block"
+                return found
+            self._listening = wait_for(logged, timeout, "kproxy's start-up block")
+        return self._listening
 
     @property
     def listen_port(self) -> int:
-        return int(self.settings["listen"].rpartition(":")[2])
+        return int(self.bootstrap.rpartition(":")[2])
 
     @property
     def bootstrap(self) -> str:
-        return self.settings["listen"]
+        return self.listening().bootstrap
 
     @property
     def admin_url(self) -> str | None:
-        admin = self.settings["admin_listen"]
-        return None if admin == "off" else f"http://{admin}"
+        admin = self.listening().admin
+        return None if admin is None else f"http://{admin}"
 
     @property
     def probe_url(self) -> str | None:
-        probe = self.settings.get("probe_listen")
-        return None if probe is None else f"http://{probe}"
+        probes = self.listening().probes
+        return None if probes is None else f"http://{probes}"
 
     @property
     def pid(self) -> int:
@@ -291,6 +333,7 @@ class KproxyProcess:
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def start(self) -> None:
+        self._listening = None
         self._write_config()
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
@@ -545,11 +588,13 @@ class Workers(KproxyProcess):
 
     def __init__(self, upstream: str, node_ids: list[int], tmp: Path, workers: int = 2,
                  listen_port: int | None = None, ready: str | None = "/readyz"):
-        listen, admin, probes, *broker_ports = free_ports(3 + len(node_ids))
+        # Every worker binds the same Kafka ports (SO_REUSEPORT), so those are given; the
+        # supervisor alone binds the admin and probe ports, so the OS picks them.
+        listen, *broker_ports = free_ports(1 + len(node_ids))
         self.capture_root = tmp / "captures"
         super().__init__(tmp, ready=ready, env={"KPROXY_ADMIN_TOKEN": WORKERS_TOKEN},
                          upstream=upstream, workers=workers, listen=f"127.0.0.1:{listen_port or listen}",
-                         admin_listen=f"127.0.0.1:{admin}", probe_listen=f"127.0.0.1:{probes}",
+                         probe_listen="127.0.0.1:0",
                          broker_port_rule="map", broker_port_map=dict(zip(node_ids, broker_ports)),
                          shutdown_timeout=10, capture_root=str(self.capture_root))
 

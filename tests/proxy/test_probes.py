@@ -24,7 +24,7 @@ import pytest
 from kproxy import config as config_module
 from kproxy.admin import admin as admin_module
 from kproxy.probes.probes import READY_WAIT_S
-from tests.proxy.harness import (KproxyProcess, ProxyThread, children_of, exited, free_ports, process_state,
+from tests.proxy.harness import (KproxyProcess, ProxyThread, children_of, exited, process_state,
                                   silent_port, wait_for)
 from tests.proxy.probes import PROBE_ANSWER_TIMEOUT_S, get
 
@@ -165,10 +165,8 @@ class KproxyRun(KproxyProcess):
 
     def __init__(self, directory: Path, upstream: str, probe_port: int | None = None,
                  ready: str | None = "/healthz"):
-        listen, free_probe = free_ports(2)
         super().__init__(directory, ready=ready, entry=("-c", KPROXY_RUN), upstream=upstream,
-                         listen=f"127.0.0.1:{listen}", broker_port_base=0, admin_listen="off",
-                         probe_listen=f"127.0.0.1:{probe_port or free_probe}")
+                         admin_listen="off", probe_listen=f"127.0.0.1:{probe_port or 0}")
 
     def probe_pid(self) -> int:
         """The probe process: kproxy's child."""

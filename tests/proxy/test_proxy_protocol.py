@@ -28,7 +28,7 @@ from kproxy.protocol.proxy_header import MISSING, UNTRUSTED_PEER, WRONG_VERSION
 from tests.observers.captures import read_jsonl
 from tests.observers.metrics import sample, scrape, scrape_until
 from tests.protocol.proxy_headers import v1, v2
-from tests.proxy.harness import KproxyProcess, ProxyThread, free_ports, ssl_config, wait_for
+from tests.proxy.harness import KproxyProcess, ProxyThread, free_port, ssl_config, wait_for
 from tests.proxy.wire import RawClient, api_versions_ok, create_topic
 
 CLAIMED_HOST = "203.0.113.7"       # TEST-NET-3: only ever data in a header
@@ -278,12 +278,12 @@ def test_workers_read_the_header_too(kafka_cluster, tmp_path):
     reaches the workers), and refuses a client without one."""
     topic = create_topic(kafka_cluster.bootstrap_servers)
     node = kafka_cluster.nodes[0]
-    listen, admin = free_ports(2)        # workers share fixed ports (SO_REUSEPORT)
+    listen = free_port()                 # workers share one fixed port (SO_REUSEPORT)
     balancer = Balancer(v1)
     balancer.target = ("127.0.0.1", listen)
     try:
         with KproxyProcess(tmp_path, upstream=f"{node.host}:{node.port}", mode="sidecar", workers=2,
-                           listen=f"127.0.0.1:{listen}", admin_listen=f"127.0.0.1:{admin}",
+                           listen=f"127.0.0.1:{listen}",
                            broker_port_rule="map", broker_port_map={node.node_id: balancer.port},
                            advertised_host_template="127.0.0.1", proxy_protocol="v1",
                            shutdown_timeout=10) as kproxy:

@@ -707,7 +707,8 @@ class TestOnePortThreeBrokers:
                 jvm_args=hosts.java_args(), timeout=TOOL_TIMEOUT_S * 3, check=False)
             try:
                 traffic.wait_for_progress(PROGRESS, "before the move")
-                wait_for(lambda: any(java_fetch(e) for _, _, e in list(trace)), CONSUME_TIMEOUT_S,
+                # Its JVM start, TLS set-up and group join: the tool's own budget, not a consumer's.
+                wait_for(lambda: any(java_fetch(e) for _, _, e in list(trace)), TOOL_TIMEOUT_S,
                          "the Java consumer to fetch")
                 leader = stop_partition_0_leader(cluster3, admin, topic)
                 traffic.wait_for_progress(PROGRESS, f"while node {leader} is down")
