@@ -11,21 +11,11 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping
 
-import re2
-
+from ..patterns import MATCHED_CHARS, PatternError, compile_pattern
 from ..protocol import API_KEYS, api_name, is_removed
 from ..protocol.schema import ERROR_NAMES
 from .subject import Subject, field as get, items
 
-# Client ids, topic and group names are matched on at most this many characters: the
-# match runs on the event loop per request, and RE2 is linear in text x pattern (the
-# capture filters' bound, for the same reason; real names are far shorter).
-MATCHED_CHARS = 256
-# The largest compiled pattern (RE2 program size): a pattern past it is a mistake or an
-# attack, not a naming rule (capture's client_id_regex has the same bound).
-MAX_REGEX_PROGRAM_SIZE = 500
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False
 ERROR_CODES = {name: code for code, name in ERROR_NAMES.items()}
 # A leading dotted number in a software version ("2.16.1-rdkafka-2.16.0" -> 2.16.1).
 _VERSION_NUMBER = re.compile(r"\d+(?:\.\d+)*")
@@ -49,16 +39,9 @@ def _pattern(options: Mapping, key: str, where: str, required: bool = True) -> C
     if not isinstance(value, str):
         raise option_error(f"{where}.{key}", f"expected an RE2 pattern, got {value!r}")
     try:
-        compiled = re2.compile(value, _RE2_OPTIONS)
-    except re2.error as exc:
-        reason = exc.args[0] if exc.args else "invalid"
-        if isinstance(reason, bytes):
-            reason = reason.decode("utf-8", "replace")
-        raise option_error(f"{where}.{key}", f"{reason} (RE2 syntax: no backreferences or lookaround)") from None
-    if compiled.programsize > MAX_REGEX_PROGRAM_SIZE:
-        raise option_error(f"{where}.{key}", f"pattern too large to run on every request (RE2 program "
-                                      f"size {compiled.programsize}, at most {MAX_REGEX_PROGRAM_SIZE})")
-    return compiled.search
+        return compile_pattern(value)
+    except PatternError as exc:
+        raise option_error(f"{where}.{key}", str(exc)) from None
 
 
 def _whole(options: Mapping, key: str, where: str) -> int | None:

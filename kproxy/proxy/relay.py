@@ -424,10 +424,7 @@ class Relay:
                 # the connection before the broker sees any of it.
                 events = tracker.receive_client(data)
             except ProtocolViolation as exc:
-                reply = getattr(exc, "reply", b"")      # e.g. a TLS alert: tell the client why
-                if reply:
-                    self.client.transport.write(reply)
-                self.finish(CloseCause.of_violation(exc))
+                self._close_for_violation(exc)
                 return False
         if self.split is None:
             self.broker.transport.write(data)
@@ -454,6 +451,14 @@ class Relay:
         if self._answered:
             self._observe_answered()
         return False
+
+    def _close_for_violation(self, exc: ProtocolViolation) -> None:
+        """The client broke the protocol: tell it why where there is a way (e.g. a TLS
+        alert for a TLS hello on a plaintext port), then close."""
+        reply = getattr(exc, "reply", b"")
+        if reply:
+            self.client.transport.write(reply)
+        self.finish(CloseCause.of_violation(exc))
 
     @staticmethod
     def _pinned(out: list, unsent: int) -> int:
@@ -576,10 +581,7 @@ class Relay:
         try:
             parts = gate.feed(data, self.tracker.in_raw_sasl)
         except ProtocolViolation as exc:
-            reply = getattr(exc, "reply", b"")      # e.g. a TLS alert: tell the client why
-            if reply:
-                self.client.transport.write(reply)
-            self.finish(CloseCause.of_violation(exc))
+            self._close_for_violation(exc)
             return False
         self.last_active = time.monotonic()
         for part in parts:

@@ -31,46 +31,24 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-import re2
-
+from ...patterns import MATCHED_CHARS, PatternError, compile_pattern
 from ...protocol import schema
 
 _I16 = struct.Struct(">h")
 _MASK64 = (1 << 64) - 1
 _CONTROLLED_SHUTDOWN = 7
 
-# Filters match at most this many characters of a client_id (the rest is not looked at).
-# A client chooses its client_id (up to 32,767 bytes on the wire) and every request
-# carries it, so the match runs on the event loop for each one: RE2's worst case is
-# linear in text x pattern, and a pattern near MAX_REGEX_PROGRAM_SIZE took up to 3 ms
-# per 1,000 characters (measured). Real client ids are far shorter (Java's "producer-1", librdkafka's
-# "rdkafka", Kafka Streams' "<application.id>-<uuid>-StreamThread-1-consumer").
-MATCHED_CLIENT_ID_CHARS = 256
-# The largest compiled client_id_regex (RE2's program size, ~ one instruction per
-# character class or literal; repetition counts multiply it). "billing-.*" is 20 and
-# "[a-q][^u-z]{13}x" 110; "(.{0,50}){20}z" is 9,045 and takes 16 ms per 256-character
-# client_id: a pattern past this bound is a mistake or an attack, not a client filter.
-MAX_REGEX_PROGRAM_SIZE = 500
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False            # a refused pattern is the caller's 400, not a stderr line
+# Filters match at most this many characters of a client_id: the match runs on the event
+# loop for every request (``kproxy.patterns``).
+MATCHED_CLIENT_ID_CHARS = MATCHED_CHARS
 
 
 def compile_regex(pattern: str, key: str) -> Callable[[str], Any]:
-    """An operator's pattern as RE2's ``search``; ValueError naming ``key`` if RE2 cannot
-    run it in linear time (backreferences, lookaround) or it is too large."""
+    """An operator's pattern as RE2's ``search`` (``kproxy.patterns``); ValueError naming ``key``."""
     try:
-        compiled = re2.compile(pattern, _RE2_OPTIONS)
-    except re2.error as exc:
-        reason = exc.args[0] if exc.args else "invalid"
-        if isinstance(reason, bytes):
-            reason = reason.decode("utf-8", "replace")
-        raise ValueError(f"{key}: {reason} (patterns are RE2 syntax, matched in linear time: "
-                         f"no backreferences or lookaround; \\z for the end of text)") from None
-    if compiled.programsize > MAX_REGEX_PROGRAM_SIZE:
-        raise ValueError(f"{key}: too large to run on every request (RE2 program size "
-                         f"{compiled.programsize}, at most {MAX_REGEX_PROGRAM_SIZE}); "
-                         f"use a simpler pattern")
-    return compiled.search
+        return compile_pattern(pattern)
+    except PatternError as exc:
+        raise ValueError(f"{key}: {exc}") from None
 
 
 def sample_hash(connection_id: int, correlation_id: int) -> float:
