@@ -398,6 +398,10 @@ class LiveView:
 
     def _put(self, info, request, response) -> None:
         size = _held_size(request, response) + _ITEM_OVERHEAD
+        # Queued without what other observers decoded of them (tens of KiB of objects for
+        # some answers): the queue's bound counts frames, and the live thread decodes anew.
+        request = request.undecoded()
+        response = response.undecoded(request) if response is not None else None
         if (self.put_pairs - self.got_pairs >= PENDING_MAX_PAIRS
                 or self.put_bytes - self.got_bytes + size > PENDING_MAX_BYTES):
             self.overloaded += 1
@@ -498,6 +502,10 @@ class LiveView:
                     viewer.offer(compact, now)
 
     def _remember(self, pair_id: int, info, request, response, row) -> None:
+        # Kept without their decoded bodies (a decoded ApiVersions answer alone is ~20 KiB
+        # of objects): what is kept is then what RECENT_MAX_BYTES counts, the frames.
+        request = request.undecoded()
+        response = response.undecoded(request) if response is not None else None
         size = _held_size(request, response)
         with self._recent_lock:
             recent = self._recent

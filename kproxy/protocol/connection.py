@@ -227,6 +227,13 @@ class RequestReceived(_FrameEvent):
                 self._error = exc
         return self._request
 
+    def undecoded(self) -> "RequestReceived":
+        """This event without what decoding it built: kept for later (the live page's
+        recent pairs), a decoded request costs many times its frame; it decodes again
+        when asked."""
+        return RequestReceived(self.frame, self.api_key, self.api_version, self.correlation_id,
+                               self.time, self.expects_response, self._streamed_size)
+
     @property
     def partial(self) -> Request | None:
         """The request with only the fields observers read of a Produce or Fetch decoded
@@ -284,6 +291,10 @@ class ResponseReceived(_FrameEvent):
     def latency(self) -> float:
         """Seconds from the complete request to the complete response."""
         return self.time - self.request_event.time
+
+    def undecoded(self, request_event: RequestReceived) -> "ResponseReceived":
+        """As ``RequestReceived.undecoded``, paired with ``request_event`` (its own undecoded copy)."""
+        return ResponseReceived(self.frame, request_event, self.time, self._streamed_size)
 
     @property
     def response(self) -> Response | None:

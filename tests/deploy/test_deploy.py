@@ -436,6 +436,18 @@ def exporters() -> list:
     return [Metrics(telemetry=ClientTelemetry(1)), SupervisorMetrics(2)]
 
 
+def _wrappers(exporter) -> list[MetricWrapperBase]:
+    """The metric wrappers an exporter holds, its per-area parts' included (``Metrics``
+    hands areas such as listeners and groups to parts that build their own families)."""
+    found = []
+    for value in vars(exporter).values():
+        if isinstance(value, MetricWrapperBase):
+            found.append(value)
+        elif type(value).__module__ == type(exporter).__module__ and hasattr(value, "__dict__"):
+            found += [v for v in vars(value).values() if isinstance(v, MetricWrapperBase)]
+    return found
+
+
 @cache
 def kproxy_metrics() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """Every series name kproxy exposes (from the exporters' registries) -> its label
@@ -445,10 +457,9 @@ def kproxy_metrics() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
                 "summary": ("", "_sum", "_count", "_created"), "info": ("_info",)}
     names: dict[str, set[str]] = {}
     for exporter in exporters():
-        for wrapper in vars(exporter).values():
-            if isinstance(wrapper, MetricWrapperBase):
-                for family in wrapper.describe():
-                    family_labels[family.name] = set(wrapper._labelnames)
+        for wrapper in _wrappers(exporter):
+            for family in wrapper.describe():
+                family_labels[family.name] = set(wrapper._labelnames)
         for family in exporter.registry.collect():
             # Label names: a wrapper's, a collector family's declared ones (it may have no
             # samples yet: plain counts published at scrape time), and any sample's.
