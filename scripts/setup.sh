@@ -92,6 +92,16 @@ if [ "$PROFILE" = test ]; then
     "$VENV/bin/python" -m kproxy.pipeline.kafka_jars >/dev/null
 fi
 
+# A librdkafka of the line that crashes on a telemetry subscription naming none of its
+# metrics (confluent-kafka 2.5.0 bundles librdkafka 2.5.0), beside the venv, not in it: the
+# telemetry offer's test runs it to show kproxy never offers it telemetry. Skipped when cached.
+OLD_RDKAFKA=2.5.0
+cache_dir=${KPROXY_CACHE_DIR:-$HOME/.cache/kproxy}
+if [ "$PROFILE" = test ] && [ ! -d "$cache_dir/confluent-kafka-$OLD_RDKAFKA/confluent_kafka" ]; then
+    "$VENV/bin/pip" install -q --no-deps --only-binary=:all: --target "$cache_dir/confluent-kafka-$OLD_RDKAFKA" \
+        "confluent-kafka==$OLD_RDKAFKA"
+fi
+
 # Helm, for the chart's tests (test profile; tests/deploy/test_helm.py: helm lint and template),
 # built from its Go module (no binary download is reachable) into the same cache; skipped
 # when cached. The tests look for it at $KPROXY_CACHE_DIR/helm-$HELM_VERSION/helm.

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import os
+import signal
 import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import confluent_kafka
 import pytest
@@ -16,6 +21,7 @@ from kproxy.protocol import Uuid, new_body
 from kproxy.observers.capture.filters import header_client_id
 from kproxy.protocol.client_telemetry import decode_push
 from kproxy.protocol.connection import ResponseReceived
+from kproxy.proxy import telemetry_offer
 from kproxy.proxy.local_requests import LocalRequest
 from kproxy.proxy.relay import Relay
 from tests.observers.metrics import scrape_until, unique
@@ -150,3 +156,44 @@ def test_the_live_page_lists_the_pushing_client(browser, kafka_cluster, tmp_path
         finally:
             producer.flush(10)
             page.close()
+
+
+# confluent-kafka 2.5.0 bundles librdkafka 2.5.0, of the line that aborts on a subscription
+# naming none of its metrics; scripts/setup.sh (test profile) installs it beside the venv.
+OLD_RDKAFKA_DIR = Path(os.environ.get("KPROXY_CACHE_DIR", Path.home() / ".cache" / "kproxy")) / "confluent-kafka-2.5.0"
+OLD_RDKAFKA_RECORDS = 20
+OLD_RDKAFKA_PRODUCER = """
+import sys, time
+import confluent_kafka
+bootstrap, topic, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "client.id": "old-rdkafka"})
+delivered = []
+for _ in range(n):
+    producer.produce(topic, b"x" * 100, on_delivery=lambda err, msg: delivered.append(err is None))
+    producer.poll(0.1)
+producer.flush(20)
+time.sleep(3)                      # several push intervals: a subscription would be used by now
+producer.poll(0.1)
+print(confluent_kafka.libversion()[0], sum(delivered))
+"""
+
+
+@pytest.mark.parametrize("denied", [True, False], ids=["denied", "offered-anyway"])
+def test_a_real_librdkafka_2_5_0_is_kept_from_the_subscription_that_crashes_it(kafka_cluster, monkeypatch,
+                                                                                denied):
+    """The deny list is what keeps it alive: offered anyway (the list emptied for the test),
+    the same client aborts (librdkafka's assertion, SIGABRT) once it has a subscription."""
+    assert (OLD_RDKAFKA_DIR / "confluent_kafka").is_dir(), f"{OLD_RDKAFKA_DIR}: run scripts/setup.sh test"
+    if not denied:
+        monkeypatch.setattr(telemetry_offer, "DENIED_LIBRDKAFKA", ((9, 9, 9), (9, 9, 9)))
+    offer = dict(OFFER, metrics=["org.apache.kafka.none-of-its-metrics."])
+    with ProxyThread(upstream=kafka_cluster.bootstrap_servers, telemetry_offer=offer) as proxy:
+        topic = create_topic(proxy.bootstrap)
+        run = subprocess.run([sys.executable, "-c", OLD_RDKAFKA_PRODUCER, proxy.bootstrap, topic,
+                              str(OLD_RDKAFKA_RECORDS)], env=dict(os.environ, PYTHONPATH=str(OLD_RDKAFKA_DIR)),
+                             capture_output=True, text=True, timeout=120)
+    if denied:
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.split() == ["2.5.0", str(OLD_RDKAFKA_RECORDS)], run.stdout
+    else:
+        assert run.returncode == -signal.SIGABRT, (run.returncode, run.stderr[-2000:])
