@@ -12,12 +12,12 @@ import ipaddress
 import difflib
 import os
 import socket
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .protocol.connection import DEFAULT_MAX_FRAME_SIZE
+from .settings_file import SettingsFileError, read_settings_file
 from .spelling import SUGGESTION_CUTOFF, did_you_mean
 
 if TYPE_CHECKING:
@@ -494,26 +494,10 @@ def _trusted_cidrs(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Ne
 
 def read_file(path: str | Path) -> dict[str, Any]:
     """A TOML (.toml) or YAML (.yaml/.yml) config file as a dict."""
-    path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from None
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.MarkedYAMLError as exc:      # names its mark: line and column, from 0
-            mark = exc.problem_mark or exc.context_mark
-            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(f"config file {path}{where}: {exc.problem or exc.context}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path}: {exc}") from None
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:   # its message ends "(at line L, column C)"
-            raise ConfigError(f"config file {path}: {exc}") from None
+        data = read_settings_file(path, "config")
+    except SettingsFileError as exc:
+        raise ConfigError(str(exc)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a table of settings at the top")
     for key in data:

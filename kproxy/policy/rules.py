@@ -18,12 +18,12 @@ A bad file raises ``PolicyError`` naming the file, the rule and the key.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..protocol import API_KEYS
+from ..settings_file import SettingsFileError, read_settings_file
 from .checks import CHECKS, ERROR_CODES, Check, PolicyError, option_error
 from .subject import Subject
 
@@ -133,20 +133,8 @@ def parse_policy(data: Any, source: str) -> Policy:
 
 def load_policy(path: str | Path) -> Policy:
     """Read and parse a rules file (.toml, or .yaml/.yml)."""
-    path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PolicyError(f"policy file {path}: {exc.strerror}") from None
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise PolicyError(f"policy file {path}: {exc}") from None
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise PolicyError(f"policy file {path}: {exc}") from None
+        data = read_settings_file(path, "policy")
+    except SettingsFileError as exc:
+        raise PolicyError(str(exc)) from None
     return parse_policy(data, str(path))
