@@ -16,6 +16,9 @@ class Local:
     def answers(self, api_key: int) -> bool:
         return api_key in (71, 72)
 
+    def takes(self, info, request) -> bool:
+        return True
+
 
 def frame(api_key: int, version: int, corr: int, **fields) -> bytes:
     body = encode_request(Request(api_key, version, corr, "app", new_body("request", api_key, version, **fields)))
@@ -40,7 +43,7 @@ def stream() -> tuple[bytes, bytes, list[int]]:
 def test_any_read_boundaries(seed):
     data, forwarded, local_ids = stream()
     rng = random.Random(seed)
-    conn, split = Connection(), ClientSplit(Local())
+    conn, split = Connection(), ClientSplit([Local()])
     sent, local = bytearray(), []
     pos = 0
     while pos < len(data):
