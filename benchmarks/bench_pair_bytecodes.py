@@ -7,10 +7,11 @@ The frames are ``bench_pair_latency.py``'s recording.
 
     python benchmarks/bench_pair_bytecodes.py                          # this tree
     python benchmarks/bench_pair_bytecodes.py --tree /path/to/other/tree
-    python benchmarks/bench_pair_bytecodes.py --policy FILE [--observe]
+    python benchmarks/bench_pair_bytecodes.py --policy FILE [--observe] [--telemetry-offer]
 
-``--policy``: with that rules file's gate (if a rule enforces); ``--observe``: its dry-run
-observer as the only observer instead.
+``--policy``: with that rules file's refusals (if a rule enforces: every Produce is judged
+before it is forwarded); ``--observe``: its dry-run observer as the only observer instead;
+``--telemetry-offer``: kproxy offering client telemetry (to a broker that does not).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class _Transport:
     def resume_reading(self): pass
     def is_closing(self): return False
     def get_extra_info(self, *args): return None
+    def get_write_buffer_size(self): return 0
+    def set_write_buffer_limits(self, high=None, low=None): pass
     def close(self): pass
 
 
@@ -43,6 +46,7 @@ def main() -> int:
     parser.add_argument("--tree", default=str(HERE))
     parser.add_argument("--policy", metavar="FILE")
     parser.add_argument("--observe", action="store_true")
+    parser.add_argument("--telemetry-offer", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, args.tree)
     from kproxy.protocol.connection import Connection
@@ -58,6 +62,7 @@ def main() -> int:
     relay.info = ConnectionInfo(1, ("127.0.0.1", 1), "broker-1", ("127.0.0.1", 2), 1)
     relay.budget = BufferBudget(1 << 30)
     relay.tracker = Connection()
+    answerers = []                       # requests kproxy answers itself (local_requests)
     if args.policy:
         from kproxy.policy import load_policy
         policy = load_policy(args.policy)
@@ -65,8 +70,16 @@ def main() -> int:
             from kproxy.observers.policy import PolicyObserver
             relay.observers = [PolicyObserver(policy, 100)]
         elif policy.enforcing:
-            from kproxy.proxy.policy_gate import PolicyGate
-            relay.gate = PolicyGate(policy, 1 << 20, {})
+            from kproxy.proxy.policy_answers import PolicyAnswers
+            answerers.append(PolicyAnswers(policy, {}))
+    if args.telemetry_offer:
+        from kproxy.proxy.telemetry_offer import TelemetryAnswers, TelemetryOffer
+        offer = TelemetryAnswers(TelemetryOffer(enabled=True))
+        offer.broker_offers = False      # as after a broker's ApiVersions answer without 71/72
+        answerers.append(offer)
+    if answerers:
+        from kproxy.proxy.local_requests import ClientSplit
+        relay.split = ClientSplit(answerers, relay.info)
     client.relay = broker.relay = relay
 
     def pair(correlation_id: int) -> None:

@@ -488,43 +488,47 @@ class _SoftwareMetrics:
         self.by_connection[info.id] = (name_label, child)
 
 
-class Metrics:
-    """The metrics observer. Call it with (connection info, events); scrape ``registry``."""
+def _register_process(r: CollectorRegistry, in_flight) -> None:
+    """The process's own families (CPU, memory, GC), kproxy's build, requests in flight."""
+    ProcessCollector(registry=r)
+    PlatformCollector(registry=r)
+    GCCollector(registry=r)
+    r.register(_InFlightCollector(in_flight or (lambda: 0)))
+    build = Gauge("kproxy_build_info", "kproxy version and the Kafka schema it decodes",
+                  ["version", "python", "kafka_schema"], registry=r)
+    build.labels(__version__, platform.python_version(), "+".join(SCHEMA_SOURCES)).set(1)
 
-    def __init__(self, client_id_label: bool = False, topic_label: bool = False,
-                 label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None,
-                 unbound_listeners=None, group_label: bool = False, consumer_lag: bool = True,
-                 principal_label: bool = False, audit=None, telemetry=None, policy=None):
-        """``in_flight()``, ``traffic()`` and ``unbound_listeners()`` are read at scrape time
-        (nothing on the hot path): traffic returns cumulative byte totals keyed like
-        ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported.
-        ``consumer_lag=False`` leaves the lag out (the metrics benchmark's baseline); ``audit``
-        is the audit observer whose event counts are exported; ``telemetry`` the client
-        telemetry harvest (``observers.telemetry``) whose clients' metrics are exported;
-        ``policy`` the policy observer whose violations and refusals are."""
-        # No "_created" series: one more per counter and histogram child, and nothing on the
-        # dashboard or in the alerts reads them. Process-wide in prometheus-client; set here,
-        # where kproxy's registry is made, so that every exposition of it goes without them.
-        disable_created_metrics()
-        r = self.registry = CollectorRegistry(auto_describe=True)
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
-        GCCollector(registry=r)
-        self._in_flight = in_flight or (lambda: 0)
-        r.register(_InFlightCollector(lambda: self._in_flight()))
 
-        build = Gauge("kproxy_build_info", "kproxy version and the Kafka schema it decodes",
-                      ["version", "python", "kafka_schema"], registry=r)
-        build.labels(__version__, platform.python_version(), "+".join(SCHEMA_SOURCES)).set(1)
+def _register_readers(r: CollectorRegistry, traffic, capture, audit, telemetry, policy,
+                      client_id_label: bool, principal_label: bool) -> None:
+    """Families read at scrape time from other parts of kproxy, nothing on the hot path:
+    the connections' byte totals, the capture, the audit trail, the client telemetry
+    harvest, the policy observer (each only when there is one)."""
+    r.register(_TrafficCollector(traffic or (lambda: {})))
+    if capture is not None:
+        r.register(_CaptureCollector(capture))
+    if audit is not None:
+        r.register(_AuditCollector(audit))
+    if telemetry is not None:
+        r.register(_ClientTelemetryCollector(telemetry, client_id_label, principal_label))
+    if policy is not None:
+        r.register(_PolicyCollector(policy))
 
+
+class _PairMetrics:
+    """What every request/response pair updates, by API (``_ApiSeries``) and by API version
+    (``_VersionCount``): plain numbers on the event loop, published by collectors at scrape
+    time; and the rarer families beside them: errors in answers, frames that did not decode
+    or were streamed, SASL v0 raw tokens."""
+
+    def __init__(self, r: CollectorRegistry):
         # (api key, version) -> its request count, published at scrape time (every request adds
         # one); (api key, None) -> the count of the versions the schema does not define for it.
-        self._versions: dict[tuple[int, int | None], _VersionCount] = {}
-        r.register(_VersionCollector(self._versions))
-        # The per-API metrics of every pair: plain numbers, published at scrape time.
-        self._apis: dict[int, _ApiSeries] = {}        # api key -> its series (unknown keys share one)
-        self._api_series: dict[str, _ApiSeries] = {}  # label value -> series, in the order first seen
-        r.register(_ApiCollector(self._api_series))
+        self.versions: dict[tuple[int, int | None], _VersionCount] = {}
+        r.register(_VersionCollector(self.versions))
+        self.apis: dict[int, _ApiSeries] = {}        # api key -> its series (unknown keys share one)
+        self.api_series: dict[str, _ApiSeries] = {}  # label value -> series, in the order first seen
+        r.register(_ApiCollector(self.api_series))
         self.errors = Counter("kproxy_response_errors_total",
                               "Non-zero error codes in responses (top level and per partition/resource)",
                               ["api", "error"], registry=r)
@@ -538,230 +542,75 @@ class Metrics:
         self.sasl_tokens = Counter("kproxy_sasl_raw_tokens_total",
                                    "SASL v0 raw tokens passed through (never decoded)", ["direction"],
                                    registry=r)
-
-        self._produce_totals, self._fetch_totals = _BatchTotals(), _BatchTotals()
-        r.register(_BatchCollector(self._produce_totals, self._fetch_totals))
-
-        self.listener_metrics = _ListenerMetrics(r, unbound_listeners)
-        self._traffic = traffic or (lambda: {})
-        r.register(_TrafficCollector(lambda: self._traffic()))
-        self._capture = capture
-        if capture is not None:
-            r.register(_CaptureCollector(capture))
-        if audit is not None:
-            r.register(_AuditCollector(audit))
-        if telemetry is not None:
-            r.register(_ClientTelemetryCollector(telemetry, client_id_label, principal_label))
-        if policy is not None:
-            r.register(_PolicyCollector(policy))
-
-        self.client_id_label = BoundedLabel(label_cap) if client_id_label else None
-        self.topic_label = BoundedLabel(label_cap) if topic_label else None
-        if client_id_label:
-            self.client_requests = Counter("kproxy_client_requests_total",
-                                           "Requests by client_id (opt-in, capped)", ["client_id"],
-                                           registry=r)
-        if topic_label:
-            self.topic_produced_bytes = Counter("kproxy_topic_produced_bytes_total",
-                                                "Record batch bytes produced, by topic (opt-in, capped)",
-                                                ["topic"], registry=r)
-            self.topic_fetched_bytes = Counter("kproxy_topic_fetched_bytes_total",
-                                               "Record batch bytes fetched, by topic (opt-in, capped)",
-                                               ["topic"], registry=r)
-
-        # Client inventory: every open connection counts once, under "unknown" until its
-        # ApiVersions v3+ request (accepted by the broker) names the software.
-        self.software = _SoftwareMetrics(r, label_cap)
-
-        # Failovers (observers/failover.py): recovery time per client software (the software
-        # name label is capped like the inventory's).
-        self.failover_recovery = Histogram(
-            "kproxy_failover_recovery_seconds",
-            "Time a client took to get through a partition leader change: its first request "
-            "failed with a leadership error to its first answer without error, by client software",
-            ["software"], buckets=FAILOVER_BUCKETS, registry=r)
-
-        # Consumer groups: the group label is opt-in; without it, totals.
-        self.groups = _GroupMetrics(r, group_label, label_cap)
-        self._groups = self.groups.by_id                  # the same table (tests look at it)
-
-        # Who is it: requests and bytes per principal (SASL user or client certificate subject).
-        self.principal_label = BoundedLabel(label_cap) if principal_label else None
-        if principal_label:
-            by = ["principal", "api"]
-            self.principal_requests = Counter(
-                "kproxy_principal_requests_total",
-                "Requests by authenticated principal and API (opt-in, capped)", by, registry=r)
-            self.principal_request_bytes = Counter(
-                "kproxy_principal_request_bytes_total",
-                "Request bytes by authenticated principal and API (opt-in, capped)", by, registry=r)
-            self.principal_response_bytes = Counter(
-                "kproxy_principal_response_bytes_total",
-                "Response bytes by authenticated principal and API (opt-in, capped)", by, registry=r)
-        # connection id -> [principal label, SaslPrincipal or None, {api key: children}]
-        self._principals: dict[int, list] = {}
-
-        # Consumer lag from the wire: connection id -> _FetchPositions, summed at scrape time.
-        self.consumer_lag = consumer_lag
-        self._fetch_positions: dict[int, _FetchPositions] = {}
-        self._topic_names: dict = {}                     # topic id (Uuid) -> name, from Metadata
-        if consumer_lag:
-            r.register(_ConsumerLagCollector(self))
-
         for name in PREINITIALIZED_APIS:
-            self._series(API_KEYS[name])
+            self.series(API_KEYS[name])
         self._error_children: dict[tuple[str, int], object] = {}   # (api, error code) -> child
-        self._decode_failures = {d: self.decode_failures.labels(d) for d in ("request", "response")}
-        self._streamed = {d: self.frames_streamed.labels(d) for d in ("request", "response")}
+        self.undecoded = {d: self.decode_failures.labels(d) for d in ("request", "response")}
+        self.streamed = {d: self.frames_streamed.labels(d) for d in ("request", "response")}
 
-    def _series(self, api_key: int) -> _ApiSeries:
-        series = self._apis.get(api_key)
+    def series(self, api_key: int) -> _ApiSeries:
+        series = self.apis.get(api_key)
         if series is None:
             name = api_name(api_key) if api_key in schema.API_NAMES else "unknown"
-            series = self._api_series.get(name)
+            series = self.api_series.get(name)
             if series is None:
-                series = self._api_series[name] = _ApiSeries(name)
-            if api_key in schema.API_NAMES or len(self._apis) < MAX_CACHED_API_KEYS:
-                self._apis[api_key] = series
+                series = self.api_series[name] = _ApiSeries(name)
+            if api_key in schema.API_NAMES or len(self.apis) < MAX_CACHED_API_KEYS:
+                self.apis[api_key] = series
         return series
 
-    # ------------------------------------------------------------ events
-
-    def _version(self, api_key: int, api_version: int) -> _VersionCount | None:
+    def version(self, api_key: int, api_version: int) -> _VersionCount | None:
         """The count of requests of an API version (made on its first request); None for API
         keys Kafka does not define (not counted by version, and never cached: any of 65,536).
         Versions the schema does not define share one count per API, cached under None."""
-        version = self._versions.get((api_key, api_version))
+        version = self.versions.get((api_key, api_version))
         if version is None and api_key in schema.API_NAMES:
             if not schema.REQUESTS[api_key].has_version(api_version):
                 api_version = None            # looked up anew each time: any of 65,536
-                version = self._versions.get((api_key, None))
+                version = self.versions.get((api_key, None))
             if version is None:
-                version = self._versions[(api_key, api_version)] = _VersionCount(
-                    self._series(api_key), api_key, api_version)
+                version = self.versions[(api_key, api_version)] = _VersionCount(
+                    self.series(api_key), api_key, api_version)
         return version
 
-    def __call__(self, info, events: Iterable) -> None:
-        for event in events:
-            cls = event.__class__
-            if cls is ResponseReceived:
-                self._response(event, info)
-            elif cls is RequestReceived:
-                self._request(event, info)
-            elif cls is SaslTokenPassed:
-                self.sasl_tokens.labels(event.direction).inc()
-            elif cls is MalformedFrame:
-                self._decode_failures["request" if event.direction == "client" else "response"].inc()
+    def error_child(self, api: str, code: int):
+        """The kproxy_response_errors_total child of (API, error code), looked up once.
+        Kept on prometheus-client: healthy traffic has no errors, so it is off the per-pair path."""
+        key = (api, code)
+        child = self._error_children.get(key)
+        if child is None:
+            child = self._error_children[key] = self.errors.labels(api, error_name(code))
+        return child
 
-    def _request(self, event: RequestReceived, info) -> None:
-        api_key = event.api_key
-        version = self._version(api_key, event.api_version)
-        series = version.series if version is not None else self._series(api_key)
-        size = event.size
-        series.requests += 1
-        series.request_bytes += size
-        series.request_size.observe(size)
-        if self.principal_label is not None and info is not None:
-            children = self._principal_children(info, api_key, series.name)
-            children[0].inc()
-            children[1].inc(size)
-        if version is not None:
-            version.count += 1
-            if version.removed:               # from the header alone: no decoding needed
-                software = self.software
-                software.deprecated_requests.labels(series.name, version.version, software.name_of(info)).inc()
-        if event.streamed:                    # no body: nothing more to count
-            self._streamed["request"].inc()
-            return
-        request = event.partial               # Produce: only topics and records decoded
-        if request is None:
-            self._decode_failures["request"].inc()
-            return
-        if request.body.__class__ is OpaqueBody:      # request.is_opaque, without a property call
-            series.opaque += 1
-            return
-        if self.client_id_label is not None:
-            self.client_requests.labels(self.client_id_label(request.client_id)).inc()
-        if event.api_key == _JOIN_GROUP:
-            self.groups.join_requested(request.body, event.time)
-        if event.api_key == _PRODUCE:
-            for topic in request.body.topic_data:
-                for partition in topic.partition_data:
-                    nbytes = self._count_batches(partition.records, self._produce_totals)
-                    if self.topic_label is not None and nbytes:
-                        self.topic_produced_bytes.labels(self.topic_label(self._topic_name(topic))).inc(nbytes)
 
-    def _response(self, event: ResponseReceived, info) -> None:
-        request = event.request_event
-        api_key, api_version = request.api_key, request.api_version
-        # Found by its request, or (a version the schema does not define) its API's shared count,
-        # whose walker is None: no walker is looked up, nor cached, per undefined version.
-        # None: an API Kafka does not define.
-        version = self._versions.get((api_key, api_version)) or self._version(api_key, api_version)
-        series = version.series if version is not None else self._series(api_key)
-        size = event.size
-        series.response_size.observe(size)
-        series.response_bytes += size
-        if self.principal_label is not None and info is not None:
-            self._principal_children(info, api_key, series.name)[2].inc(size)
-        latency = event.time - request.time   # event.latency, without a property call per pair
-        if event.streamed:
-            self._streamed["response"].inc()
-            series.latency.observe(latency)
-            return
-        response = event.partial              # Produce, Fetch: only the fields read below decoded
-        if response is None:
-            self._decode_failures["response"].inc()
-            series.latency.observe(latency)
-            return
-        body = response.body
-        if body.__class__ is OpaqueBody:      # response.is_opaque, without a property call
-            series.latency.observe(latency)
-            return
-        fetched = 0
-        if api_key in FETCH_KEYS:
-            fetched = self._fetched(body)
-            if api_key == _FETCH and self.consumer_lag:
-                self._fetch_answered(event, info, body)
-        elif api_key == _METADATA:
-            self._learn_topic_ids(body)
-        elif api_key in _SASL_KEYS \
-                and self.principal_label is not None and info is not None:
-            self._sasl_answered(event, info, body)
-        if series.long_poll is not None and fetched == 0:
-            series.long_poll.observe(latency)
-        else:
-            series.latency.observe(latency)
-        throttle_ms = body.__dict__.get("throttle_time_ms")
-        if throttle_ms is not None:
-            series.throttle.observe(throttle_ms / 1000.0)
-            if throttle_ms > 0:
-                series.throttled += 1
-        body_version = api_version if response.body_version is None else response.body_version
-        if version is not None and body_version == api_version:
-            codes: list[int] = []
-            if version.walker is not None:    # error_codes with the walker found once per version
-                version.walker(body, codes)
-        else:
-            codes = error_codes("response", api_key, body_version, body)
-        for code in codes:
-            self._error_child(series.name, code).inc()
-        if api_key in GROUP_RESPONSE_KEYS:
-            self.groups.answered(event, series.name, body, codes)
-        elif api_key == _API_VERSIONS:
-            self.software.named(event, info, body)
+class _RecordMetrics:
+    """Records, batch bytes and batches by codec in Produce requests and Fetch answers, from
+    batch headers only (nothing is decompressed); by topic too when the topic label is on."""
 
-    def _fetched(self, body) -> int:
+    def __init__(self, r: CollectorRegistry):
+        self.produced, self.fetched = _BatchTotals(), _BatchTotals()
+        r.register(_BatchCollector(self.produced, self.fetched))
+
+    def produce(self, body, topics: "_TopicMetrics") -> None:
+        for topic in body.topic_data:
+            for partition in topic.partition_data:
+                nbytes = self.count(partition.records, self.produced)
+                if topics.label is not None and nbytes:
+                    topics.produced_bytes.labels(topics.label(topics.name_of(topic))).inc(nbytes)
+
+    def fetch(self, body, topics: "_TopicMetrics") -> int:
+        """A Fetch (or ShareFetch) answer's records; returns their bytes (0: an empty long poll)."""
         total = 0
         for topic in body.__dict__.get("responses") or ():      # as getattr, without its AttributeError
             for partition in topic.partitions:
-                nbytes = self._count_batches(partition.records, self._fetch_totals)
+                nbytes = self.count(partition.records, self.fetched)
                 total += nbytes
-                if self.topic_label is not None and nbytes:
-                    self.topic_fetched_bytes.labels(self.topic_label(self._topic_name(topic))).inc(nbytes)
+                if topics.label is not None and nbytes:
+                    topics.fetched_bytes.labels(topics.label(topics.name_of(topic))).inc(nbytes)
         return total
 
-    def _count_batches(self, records, totals: _BatchTotals) -> int:
+    @staticmethod
+    def count(records, totals: _BatchTotals) -> int:
         """Batch headers only: no decompression. Returns the bytes of complete batches
         (garbage records are the broker's business: counted what was readable)."""
         if not records:
@@ -771,33 +620,94 @@ class Metrics:
         totals.bytes += nbytes
         return nbytes
 
-    def _error_child(self, api: str, code: int):
-        """The kproxy_response_errors_total child of (API, error code), looked up once.
-        Kept on prometheus-client: healthy traffic has no errors, so it is off the per-pair path."""
-        key = (api, code)
-        child = self._error_children.get(key)
-        if child is None:
-            child = self._error_children[key] = self.errors.labels(api, error_name(code))
-        return child
 
-    def failover_recovered(self, failover) -> None:
-        """A ``protocol.failover.Failover`` ended (the failover observer's hook)."""
+class _TopicMetrics:
+    """Topics: record batch bytes produced and fetched by topic (the opt-in topic label,
+    capped), and the names of topic ids (Fetch v13+ names topics by id only), learnt from
+    Metadata answers and kproxy's own lookups (``topic_named``)."""
+
+    def __init__(self, r: CollectorRegistry, topic_label: bool, label_cap: int):
+        self.label = BoundedLabel(label_cap) if topic_label else None
+        if topic_label:
+            self.produced_bytes = Counter("kproxy_topic_produced_bytes_total",
+                                          "Record batch bytes produced, by topic (opt-in, capped)",
+                                          ["topic"], registry=r)
+            self.fetched_bytes = Counter("kproxy_topic_fetched_bytes_total",
+                                         "Record batch bytes fetched, by topic (opt-in, capped)",
+                                         ["topic"], registry=r)
+        self.names: dict = {}                    # topic id (Uuid) -> name
+
+    def name_of(self, topic) -> str:
+        """A topic's name; Fetch v13+ and others name it by id, resolved from what was learnt."""
+        name = getattr(topic, "name", None) or getattr(topic, "topic", None)
+        if name:
+            return name
+        topic_id = getattr(topic, "topic_id", None)
+        if topic_id is None:
+            return ""
+        return self.names.get(topic_id) or str(topic_id)
+
+    def named(self, topic_id, name: str) -> None:
+        if topic_id in self.names or len(self.names) < MAX_TOPIC_IDS:
+            self.names[topic_id] = name
+
+    def learn(self, body) -> None:
+        """The topic ids a Metadata answer names."""
+        for topic in getattr(body, "topics", None) or ():
+            topic_id, name = getattr(topic, "topic_id", None), getattr(topic, "name", None)
+            if name and topic_id and any(topic_id) and topic_id not in self.names \
+                    and len(self.names) < MAX_TOPIC_IDS:
+                self.names[topic_id] = name
+
+
+class _FailoverMetrics:
+    """What a leader change cost each client (``observers/failover.py`` tells): recovery
+    time by client software (its name capped like the inventory's)."""
+
+    def __init__(self, r: CollectorRegistry, software: _SoftwareMetrics):
+        self.software = software
+        self.failover_recovery = Histogram(
+            "kproxy_failover_recovery_seconds",
+            "Time a client took to get through a partition leader change: its first request "
+            "failed with a leadership error to its first answer without error, by client software",
+            ["software"], buckets=FAILOVER_BUCKETS, registry=r)
+
+    def recovered(self, failover) -> None:
         name = (failover.client.software_name or UNKNOWN_SOFTWARE)[:SOFTWARE_LABEL_MAX_CHARS]
         self.failover_recovery.labels(self.software._software_name(name)).observe(failover.recovery_seconds)
 
-    # ------------------------------------------------------------ principals
 
-    def _principal_state(self, info) -> list:
-        state = self._principals.get(info.id)
+class _PrincipalMetrics:
+    """Who is it (opt-in): requests and bytes by principal (SASL user, or client certificate
+    subject; capped) and API. A connection counts under the user a SASL exchange the broker
+    accepted names, from then on."""
+
+    def __init__(self, r: CollectorRegistry, label_cap: int):
+        self.label = BoundedLabel(label_cap)
+        by = ["principal", "api"]
+        self.principal_requests = Counter(
+            "kproxy_principal_requests_total",
+            "Requests by authenticated principal and API (opt-in, capped)", by, registry=r)
+        self.principal_request_bytes = Counter(
+            "kproxy_principal_request_bytes_total",
+            "Request bytes by authenticated principal and API (opt-in, capped)", by, registry=r)
+        self.principal_response_bytes = Counter(
+            "kproxy_principal_response_bytes_total",
+            "Response bytes by authenticated principal and API (opt-in, capped)", by, registry=r)
+        # connection id -> [principal label, SaslPrincipal or None, {api key: children}]
+        self.by_connection: dict[int, list] = {}
+
+    def _state(self, info) -> list:
+        state = self.by_connection.get(info.id)
         if state is None:
             principal = info.principal if getattr(info, "principal", None) else ANONYMOUS
-            state = self._principals[info.id] = [self.principal_label(principal), None, {}]
+            state = self.by_connection[info.id] = [self.label(principal), None, {}]
         return state
 
-    def _principal_children(self, info, api_key: int, api: str) -> tuple:
+    def children(self, info, api_key: int, api: str) -> tuple:
         """The (requests, request bytes, response bytes) children of a connection's principal
         for one API, looked up once per connection and API."""
-        state = self._principal_state(info)
+        state = self._state(info)
         children = state[2].get(api_key)
         if children is None:
             label = state[0]
@@ -806,50 +716,34 @@ class Metrics:
                                             self.principal_response_bytes.labels(label, api))
         return children
 
-    def _sasl_answered(self, event: ResponseReceived, info, body) -> None:
+    def sasl_answered(self, event: ResponseReceived, info, body) -> None:
         """SaslHandshake / SaslAuthenticate: once the broker accepts the exchange, the
         connection's later requests count under the user it named."""
         request = event.request_event.request
         if request is None or request.is_opaque:
             return
-        state = self._principal_state(info)
+        state = self._state(info)
         if state[1] is None:
             state[1] = SaslPrincipal()
         if state[1].observe(event.api_key, request.body, body):
-            state[0], state[2] = self.principal_label(state[1].principal), {}
+            state[0], state[2] = self.label(state[1].principal), {}
 
-    # ------------------------------------------------------------ consumer lag
+    def closed(self, info) -> None:
+        self.by_connection.pop(info.id, None)
 
-    def _topic_name(self, topic) -> str:
-        """A topic's name; Fetch v13+ and others name it by id, resolved from Metadata answers."""
-        name = getattr(topic, "name", None) or getattr(topic, "topic", None)
-        if name:
-            return name
-        topic_id = getattr(topic, "topic_id", None)
-        if topic_id is None:
-            return ""
-        return self._topic_names.get(topic_id) or str(topic_id)
 
-    def topic_named(self, topic_id, name: str) -> None:
-        """Hook: kproxy asked the broker for a topic id's name (``proxy.topic_names``).
-        Partitions consumers fetched by that id before get the name as their lag label."""
-        if topic_id in self._topic_names or len(self._topic_names) < MAX_TOPIC_IDS:
-            self._topic_names[topic_id] = name
-        if self.topic_label is not None:
-            label = None
-            for state in self._fetch_positions.values():
-                for (key, _), entry in state.partitions.items():
-                    if key == topic_id:
-                        entry[2] = label = label or self.topic_label(name)
+class _LagMetrics:
+    """Consumer lag from the wire: per connection, the offsets its Fetches ask for and the
+    partition ends the answers give (partition headers only), summed at scrape time by
+    client_id and topic (each where its opt-in label is on); dropped when it closes."""
 
-    def _learn_topic_ids(self, body) -> None:
-        for topic in getattr(body, "topics", None) or ():
-            topic_id, name = getattr(topic, "topic_id", None), getattr(topic, "name", None)
-            if name and topic_id and any(topic_id) and topic_id not in self._topic_names \
-                    and len(self._topic_names) < MAX_TOPIC_IDS:
-                self._topic_names[topic_id] = name
+    def __init__(self, r: CollectorRegistry, client_id_label: BoundedLabel | None, topics: _TopicMetrics):
+        self.client_id_label = client_id_label
+        self.topics = topics
+        self.positions: dict[int, _FetchPositions] = {}     # connection id -> its consumer's
+        r.register(_ConsumerLagCollector(self))
 
-    def _fetch_answered(self, event: ResponseReceived, info, body) -> None:
+    def fetch_answered(self, event: ResponseReceived, info, body) -> None:
         """A consumer's Fetch and its answer: remember, per partition, the offset asked for and
         the partition's end. Partition headers only (the records are never looked at).
 
@@ -867,10 +761,10 @@ class Metrics:
         if (replica.replica_id if replica is not None else fields.get("replica_id", -1)) >= 0:
             return                               # a follower broker replicating, not a consumer
         conn_id = info.id if info is not None else 0
-        state = self._fetch_positions.get(conn_id)
+        state = self.positions.get(conn_id)
         if state is None:
             client = self.client_id_label(request.client_id) if self.client_id_label is not None else None
-            state = self._fetch_positions[conn_id] = _FetchPositions(client)
+            state = self.positions[conn_id] = _FetchPositions(client)
         partitions = state.partitions
         by = "topic" if event.api_version < FETCH_BY_TOPIC_ID else "topic_id"
         if fields.get("session_epoch", -1) <= 0:      # a full fetch: it lists every partition
@@ -879,7 +773,7 @@ class Metrics:
             key = getattr(topic, by)
             for index in topic.partitions:
                 partitions.pop((key, index), None)
-        topic_label = self.topic_label
+        topic_label = self.topics.label
         for topic in wanted.topics:
             key = getattr(topic, by)
             label = None
@@ -889,7 +783,7 @@ class Metrics:
                     entry[0] = partition.fetch_offset
                 elif len(partitions) < MAX_LAG_PARTITIONS_PER_CONNECTION:
                     if topic_label is not None and label is None:
-                        label = topic_label(self._topic_name(topic))
+                        label = topic_label(self.topics.name_of(topic))
                     partitions[(key, partition.partition)] = [partition.fetch_offset, -1, label]
         committed = fields.get("isolation_level", 0) == READ_COMMITTED
         for topic in body.responses:
@@ -904,10 +798,20 @@ class Metrics:
                 elif committed and partition.high_watermark >= 0:
                     entry[1] = partition.high_watermark
 
+    def topic_named(self, topic_id, name: str) -> None:
+        """Partitions consumers fetched by ``topic_id`` get its name as their topic label."""
+        if self.topics.label is None:
+            return
+        label = None
+        for state in self.positions.values():
+            for (key, _), entry in state.partitions.items():
+                if key == topic_id:
+                    entry[2] = label = label or self.topics.label(name)
+
     def consumer_lags(self) -> dict:
         """Records behind, summed per (client_id label, topic label); None where a label is off."""
         out: dict = {}
-        for state in list(self._fetch_positions.values()):
+        for state in list(self.positions.values()):
             client = state.client
             for offset, end, topic in list(state.partitions.values()):
                 if end >= 0:
@@ -915,7 +819,176 @@ class Metrics:
                     out[key] = out.get(key, 0) + max(0, end - offset)
         return out
 
-    # ------------------------------------------------------------ connections
+    def closed(self, info) -> None:
+        self.positions.pop(info.id, None)
+
+
+class Metrics:
+    """The metrics observer. Call it with (connection info, events); scrape ``registry``.
+
+    It reads each pair once and hands what it finds to the parts that own the families:
+    ``pairs`` (per API and version), ``records``, ``topics``, ``software`` (the client
+    inventory), ``groups``, ``principals`` (opt-in), ``lag``; ``listener_metrics`` and
+    ``failovers`` hear lifecycle hooks only."""
+
+    def __init__(self, client_id_label: bool = False, topic_label: bool = False,
+                 label_cap: int = DEFAULT_LABEL_CAP, in_flight=None, traffic=None, capture=None,
+                 unbound_listeners=None, group_label: bool = False, consumer_lag: bool = True,
+                 principal_label: bool = False, audit=None, telemetry=None, policy=None):
+        """``in_flight()``, ``traffic()`` and ``unbound_listeners()`` are read at scrape time
+        (nothing on the hot path): traffic returns cumulative byte totals keyed like
+        ``TRAFFIC_COUNTERS``; ``capture`` is the capture observer whose counters are exported.
+        ``consumer_lag=False`` leaves the lag out (the metrics benchmark's baseline); ``audit``
+        is the audit observer whose event counts are exported; ``telemetry`` the client
+        telemetry harvest (``observers.telemetry``) whose clients' metrics are exported;
+        ``policy`` the policy observer whose violations and refusals are."""
+        # No "_created" series: one more per counter and histogram child, and nothing on the
+        # dashboard or in the alerts reads them. Process-wide in prometheus-client; set here,
+        # where kproxy's registry is made, so that every exposition of it goes without them.
+        disable_created_metrics()
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        # Parts in the order their families appear in the exposition.
+        _register_process(r, in_flight)
+        self.pairs = _PairMetrics(r)
+        self.records = _RecordMetrics(r)
+        self.listener_metrics = _ListenerMetrics(r, unbound_listeners)
+        _register_readers(r, traffic, capture, audit, telemetry, policy, client_id_label, principal_label)
+        self.client_id_label = BoundedLabel(label_cap) if client_id_label else None
+        if client_id_label:
+            self.client_requests = Counter("kproxy_client_requests_total",
+                                           "Requests by client_id (opt-in, capped)", ["client_id"],
+                                           registry=r)
+        self.topics = _TopicMetrics(r, topic_label, label_cap)
+        self.software = _SoftwareMetrics(r, label_cap)
+        self.failovers = _FailoverMetrics(r, self.software)
+        self.groups = _GroupMetrics(r, group_label, label_cap)
+        self._groups = self.groups.by_id                  # the same table (tests look at it)
+        self.principals = _PrincipalMetrics(r, label_cap) if principal_label else None
+        self.lag = _LagMetrics(r, self.client_id_label, self.topics) if consumer_lag else None
+        # Looked up per pair: the per-API part's tables and lookups, one attribute load nearer.
+        pairs = self.pairs
+        self._versions, self._version, self._series = pairs.versions, pairs.version, pairs.series
+
+    # ------------------------------------------------------------ events
+
+    def __call__(self, info, events: Iterable) -> None:
+        for event in events:
+            cls = event.__class__
+            if cls is ResponseReceived:
+                self._response(event, info)
+            elif cls is RequestReceived:
+                self._request(event, info)
+            elif cls is SaslTokenPassed:
+                self.pairs.sasl_tokens.labels(event.direction).inc()
+            elif cls is MalformedFrame:
+                self.pairs.undecoded["request" if event.direction == "client" else "response"].inc()
+
+    def _request(self, event: RequestReceived, info) -> None:
+        api_key = event.api_key
+        version = self._version(api_key, event.api_version)
+        series = version.series if version is not None else self._series(api_key)
+        size = event.size
+        series.requests += 1
+        series.request_bytes += size
+        series.request_size.observe(size)
+        if self.principals is not None and info is not None:
+            children = self.principals.children(info, api_key, series.name)
+            children[0].inc()
+            children[1].inc(size)
+        if version is not None:
+            version.count += 1
+            if version.removed:               # from the header alone: no decoding needed
+                software = self.software
+                software.deprecated_requests.labels(series.name, version.version, software.name_of(info)).inc()
+        if event.streamed:                    # no body: nothing more to count
+            self.pairs.streamed["request"].inc()
+            return
+        request = event.partial               # Produce: only topics and records decoded
+        if request is None:
+            self.pairs.undecoded["request"].inc()
+            return
+        if request.body.__class__ is OpaqueBody:      # request.is_opaque, without a property call
+            series.opaque += 1
+            return
+        if self.client_id_label is not None:
+            self.client_requests.labels(self.client_id_label(request.client_id)).inc()
+        if event.api_key == _JOIN_GROUP:
+            self.groups.join_requested(request.body, event.time)
+        if event.api_key == _PRODUCE:
+            self.records.produce(request.body, self.topics)
+
+    def _response(self, event: ResponseReceived, info) -> None:
+        request = event.request_event
+        api_key, api_version = request.api_key, request.api_version
+        # Found by its request, or (a version the schema does not define) its API's shared count,
+        # whose walker is None: no walker is looked up, nor cached, per undefined version.
+        # None: an API Kafka does not define.
+        version = self._versions.get((api_key, api_version)) or self._version(api_key, api_version)
+        series = version.series if version is not None else self._series(api_key)
+        size = event.size
+        series.response_size.observe(size)
+        series.response_bytes += size
+        if self.principals is not None and info is not None:
+            self.principals.children(info, api_key, series.name)[2].inc(size)
+        latency = event.time - request.time   # event.latency, without a property call per pair
+        if event.streamed:
+            self.pairs.streamed["response"].inc()
+            series.latency.observe(latency)
+            return
+        response = event.partial              # Produce, Fetch: only the fields read below decoded
+        if response is None:
+            self.pairs.undecoded["response"].inc()
+            series.latency.observe(latency)
+            return
+        body = response.body
+        if body.__class__ is OpaqueBody:      # response.is_opaque, without a property call
+            series.latency.observe(latency)
+            return
+        fetched = 0
+        if api_key in FETCH_KEYS:
+            fetched = self.records.fetch(body, self.topics)
+            if api_key == _FETCH and self.lag is not None:
+                self.lag.fetch_answered(event, info, body)
+        elif api_key == _METADATA:
+            self.topics.learn(body)
+        elif api_key in _SASL_KEYS \
+                and self.principals is not None and info is not None:
+            self.principals.sasl_answered(event, info, body)
+        if series.long_poll is not None and fetched == 0:
+            series.long_poll.observe(latency)
+        else:
+            series.latency.observe(latency)
+        throttle_ms = body.__dict__.get("throttle_time_ms")
+        if throttle_ms is not None:
+            series.throttle.observe(throttle_ms / 1000.0)
+            if throttle_ms > 0:
+                series.throttled += 1
+        body_version = api_version if response.body_version is None else response.body_version
+        if version is not None and body_version == api_version:
+            codes: list[int] = []
+            if version.walker is not None:    # error_codes with the walker found once per version
+                version.walker(body, codes)
+        else:
+            codes = error_codes("response", api_key, body_version, body)
+        for code in codes:
+            self.pairs.error_child(series.name, code).inc()
+        if api_key in GROUP_RESPONSE_KEYS:
+            self.groups.answered(event, series.name, body, codes)
+        elif api_key == _API_VERSIONS:
+            self.software.named(event, info, body)
+
+    # ------------------------------------------------------------ hooks (see ``contract.Hook``)
+
+    def failover_recovered(self, failover) -> None:
+        """A ``protocol.failover.Failover`` ended (the failover observer's hook)."""
+        self.failovers.recovered(failover)
+
+    def topic_named(self, topic_id, name: str) -> None:
+        """kproxy asked the broker for a topic id's name (``proxy.topic_names``). Partitions
+        consumers fetched by that id before get the name as their lag label."""
+        self.topics.named(topic_id, name)
+        if self.lag is not None:
+            self.lag.topic_named(topic_id, name)
 
     def connection_opened(self, info) -> None:
         self.listener_metrics.connections_opened.labels(info.listener).inc()
@@ -925,8 +998,10 @@ class Metrics:
     def connection_closed(self, info, reason: CloseCause, in_flight: int = 0) -> None:
         self.listener_metrics.connections_open.labels(info.listener).dec()
         self.software.closed(info)
-        self._fetch_positions.pop(info.id, None)
-        self._principals.pop(info.id, None)
+        if self.lag is not None:
+            self.lag.closed(info)
+        if self.principals is not None:
+            self.principals.closed(info)
         self.listener_metrics.connections_closed.labels(info.listener, reason.label).inc()
 
     # Listener-side hooks: counted by the listener families (``_ListenerMetrics``).
@@ -953,7 +1028,6 @@ class Metrics:
 
     def tls_reloaded(self, side: str, outcome: str) -> None:
         self.listener_metrics.tls_reloaded(side, outcome)
-
 
 
 # name -> (help, key in the traffic() dict)
@@ -1019,12 +1093,12 @@ class _ConsumerLagCollector:
     HELP = ("Records between what consumers fetch and the partition end (high watermark; last stable "
             "offset for read_committed), summed over the partitions they fetch through kproxy")
 
-    def __init__(self, metrics: Metrics):
-        self.metrics = metrics
+    def __init__(self, lag: _LagMetrics):
+        self.lag = lag
 
     def collect(self):
-        m = self.metrics
-        with_client, with_topic = m.client_id_label is not None, m.topic_label is not None
+        m = self.lag
+        with_client, with_topic = m.client_id_label is not None, m.topics.label is not None
         labels = ["client_id"] * with_client + ["topic"] * with_topic
         family = GaugeMetricFamily(self.NAME, self.HELP, labels=labels)
         lags = m.consumer_lags()

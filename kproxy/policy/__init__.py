@@ -4,7 +4,7 @@ Pure logic (no I/O, no asyncio; imports only ``kproxy.protocol``), shared by the
 places that judge requests so that they agree:
 
 - ``observers/policy`` judges every request live (dry run): metrics, live page;
-- ``proxy/policy_gate`` refuses the requests that break a rule marked ``enforce``,
+- ``proxy/policy_answers`` refuses the requests that break a rule marked ``enforce``,
   answering them itself with the error a broker would give (``answers``);
 - ``pipeline/policy`` judges capture rows after the fact (``kproxy analyze``).
 

@@ -133,11 +133,10 @@ class RelayPolicy:
     # The context for a new upstream connection (the newest, as TLS files are reloaded); None: plaintext.
     upstream_ssl: Callable[[], ssl.SSLContext | None] | None = None
     upstream_check_hostname: bool = True
-    # A connection's enforcement of policy rules (``policy_gate.PolicyGate``); None: none enforced.
-    gate: Callable[[], object] | None = None
     unreachable_log: LogBudget = field(default_factory=lambda: unreachable_log_budget())
-    # Requests kproxy answers itself, never forwarded (local_requests.py); None: all are forwarded.
-    local: LocalAnswers | None = None
+    # A connection's answerers of requests kproxy answers itself, never forwarded (telemetry
+    # offer, enforced policy rules: local_requests.py); None: all are forwarded.
+    local_answers: Callable[[], Sequence[LocalAnswers]] | None = None
 
 
 def bodies_needed(observers: Iterable[Observer]) -> Callable[[], bool]:
@@ -348,13 +347,11 @@ class Relay:
     _unobserved: deque | None = field(default=None, repr=False)
     _request_deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
     budget: BufferBudget | None = None
-    # Requests kproxy answers itself (policy.local): the client's bytes split, what waits
-    # behind a local request for earlier answers, local pairs not yet observed.
+    # Requests kproxy answers itself (policy.local_answers): the client's bytes split, what
+    # waits behind a local request for earlier answers, local pairs not yet observed.
     split: ClientSplit | None = None
-    local: LocalAnswers | None = None
     _backlog: deque | None = field(default=None, repr=False)
     _answered: list = field(default_factory=list, repr=False)
-    gate: object | None = None           # a policy_gate.PolicyGate when rules are enforced
 
     @property
     def in_flight(self) -> int:
@@ -394,8 +391,7 @@ class Relay:
             return
         try:
             if endpoint is self.client:
-                # Enforced policy rules judge requests before they go on (``_through_gate``).
-                filled = self._from_client(data) if self.gate is None else self._through_gate(data)
+                filled = self._from_client(data)
             else:
                 filled = self._from_broker(data)
             # A read that only filled a frame assembled in a buffer allocated whole changes
@@ -500,11 +496,13 @@ class Relay:
             if self._backlog is not None:
                 self._backlog.append(piece)
             elif piece.__class__ is LocalRequest:
+                if not piece.event.expects_response:
+                    continue                     # kept from the broker; no answer is owed
                 if self.tracker.oldest_unanswered() is not piece.event:
                     self._backlog = deque([piece])
                     self.client.pause("earlier answers first")
                     continue
-                frame = self.local.answer(self.info, piece.event)
+                frame = piece.by.answer(self.info, piece.event)
                 self._answered.append(self.tracker.answer_locally(piece.event, frame))
                 self.client.transport.write(len(frame).to_bytes(4, "big") + frame)
                 self.bytes_to_client += len(frame) + 4
@@ -562,8 +560,6 @@ class Relay:
             self.client.resume("requests in flight")
         if events:
             self._observe(events)
-            if self.gate is not None:
-                self._answer_refused(events)
         if self._backlog is not None:
             self._release()
             if self._answered:
@@ -571,54 +567,6 @@ class Relay:
         if self.client_done_sending and not tracker.in_flight:
             self.finish(CLIENT_DONE)
         return False
-
-    # ------------------------------------------------------------ enforced policy rules
-
-    def _through_gate(self, data: memoryview) -> bool:
-        """With enforced rules: requests go on only once whole and judged; a refused one is
-        answered by kproxy (``policy_gate``) in its turn, and never reaches the broker."""
-        gate = self.gate
-        try:
-            parts = gate.feed(data, self.tracker.in_raw_sasl)
-        except ProtocolViolation as exc:
-            self._close_for_violation(exc)
-            return False
-        self.last_active = time.monotonic()
-        for part in parts:
-            if self.close_reason is not None:
-                return False
-            if part.__class__ is bytes:
-                self._from_client(part)
-                continue
-            self.bytes_from_client += len(part.event.frame) + 4
-            self._observe([part.event])
-            if part.answer is not None:
-                gate.hold(part, self.tracker.in_flight)
-                self._answer_refused(())
-        self.client.read_limit = min(READ_CHUNK, gate.missing + PIPELINED_READ_BYTES)
-        if self._request_deadline is not None and (parts or not gate.partial):
-            self._request_deadline.cancel()
-            self._request_deadline = None
-        if gate.partial and self._request_deadline is None:
-            self._request_deadline = asyncio.get_running_loop().call_later(
-                REQUEST_DEADLINE_S, self.finish,
-                f"request not complete {REQUEST_DEADLINE_S:g}s after its first byte")
-        return False
-
-    def _answer_refused(self, events) -> None:
-        """Write the answers to refused requests whose turn has come (``events``: the broker's
-        just delivered)."""
-        gate = self.gate
-        gate.answered += sum(1 for e in events if e.__class__ is ResponseReceived)
-        due = gate.due()
-        if not due:
-            return
-        now = time.monotonic()
-        for refusal in due:
-            frame = refusal.answer
-            self.client.transport.write(len(frame).to_bytes(4, "big") + frame)
-            self.bytes_to_client += len(frame) + 4
-        self._observe([refusal.answered(now) for refusal in due])
 
     def _observe(self, events: list) -> None:
         """Give events to the observers: at once, or a step per turn of the loop if many."""
@@ -774,9 +722,8 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
                                keep_bodies=bodies_needed(policy.observers), assemble=assemble)
     # Those that take events (one with lifecycle hooks only says ``takes_events = False``).
     relay.observers = [o for o in policy.observers if getattr(o, "takes_events", True)]
-    if policy.local is not None:
-        relay.local, relay.split = policy.local, ClientSplit(policy.local)
-    relay.gate = policy.gate() if policy.gate is not None else None
+    if policy.local_answers is not None:
+        relay.split = ClientSplit(policy.local_answers(), relay.info)
     for endpoint in (client, broker):
         endpoint.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
     log.info("conn=%d open client=%s:%d%s listener=%s upstream=%s:%d",

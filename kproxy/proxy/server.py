@@ -68,7 +68,7 @@ from .log_budget import LogBudget
 from .own_requests import READINESS_TIMEOUT_S, OwnRequests
 from .topic_names import TopicNameLookup
 from .proxy_protocol import HeaderGate, serve_proxied
-from .policy_gate import PolicyGate
+from .policy_answers import PolicyAnswers
 from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
                     serve_relays)
 from . import telemetry_offer
@@ -458,14 +458,23 @@ class Proxy:
         return RelayPolicy(
             name=name, node_id=node_id, upstreams=upstreams, observers=self.observers,
             hold=self.hold, transform=self.transform, max_frame_size=c.max_frame_size,
-            local=self.telemetry_offer,
-            gate=self._policy_gate if c.policy is not None and c.policy.enforcing else None,
+            local_answers=self._local_answers(),
             connect_timeout=c.connect_timeout, upstream_ssl=self._upstream_ssl if c.tls_client else None,
             upstream_check_hostname=c.tls_client.check_hostname if c.tls_client else True,
             unreachable_log=self._unreachable_log)
 
-    def _policy_gate(self) -> PolicyGate:
-        return PolicyGate(self.config.policy, self.config.max_frame_size, self.policy_refused)
+    def _local_answers(self):
+        """Per connection, what kproxy answers itself (None: nothing, the relay's fast path):
+        refusals of enforced policy rules first, then the telemetry it offers."""
+        policy, offer = self.config.policy, self.telemetry_offer
+        enforcing = policy is not None and policy.enforcing
+        if not enforcing and offer is None:
+            return None
+
+        def per_connection() -> list:
+            answerers = [PolicyAnswers(policy, self.policy_refused)] if enforcing else []
+            return answerers + [offer] if offer is not None else answerers
+        return per_connection
 
     def _bootstrap_candidates(self) -> list[HostPort]:
         """Every configured upstream, starting with the next in turn (spreads bootstrap load)."""

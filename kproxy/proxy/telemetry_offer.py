@@ -2,8 +2,9 @@
 
 With the ``telemetry_offer`` table enabled and a broker whose ApiVersions answers lack
 GetTelemetrySubscriptions (71) and PushTelemetry (72), kproxy adds both (v0) to the
-ApiVersions answers it relays and answers those requests itself (``local_requests``):
-never forwarded, so the broker never sees an API it did not announce. Clients then push
+ApiVersions answers it relays and answers those requests itself (one of the
+``local_requests.LocalAnswers``): never forwarded, so the broker never sees an API it did
+not announce. Clients then push
 to kproxy, whose harvest (``observers.telemetry``, on with ``client_telemetry``) exports
 what they push. A broker that offers them itself keeps them: kproxy only relays.
 
@@ -137,6 +138,9 @@ class TelemetryAnswers:
 
     def answers(self, api_key: int) -> bool:
         return api_key in TELEMETRY_KEYS and self.broker_offers is False
+
+    def takes(self, info, request: RequestReceived) -> bool:
+        return True                               # every request of the APIs it answers
 
     def answer(self, info, request: RequestReceived) -> bytes:
         software = self._software.get(info.id) if info is not None else None

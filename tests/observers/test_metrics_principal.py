@@ -58,7 +58,7 @@ def test_principal_labels_stay_bounded_under_invented_users():
     series = samples(m, REQUESTS)
     assert len({dict(labels)["principal"] for labels in series}) <= cap + 1
     assert sum(v for labels, v in series.items() if dict(labels)["api"] == "Metadata") == 40
-    assert not m._principals                               # closed connections leave no state
+    assert not m.principals.by_connection                               # closed connections leave no state
 
 
 def test_without_the_opt_in_there_is_no_principal_metric():

@@ -72,6 +72,7 @@ def test_enforced_rules_answer_with_broker_errors(kafka_cluster, tmp_path):
         assert [e.code() if e else None for e in rejected] == [KafkaError.INVALID_REQUIRED_ACKS] * 3
         accepted = _produce(proxy.bootstrap, good, "all", "svc-careful")
         assert accepted == [None, None, None]
+        _pipelined_answers_keep_request_order(proxy.bootstrap, good)
 
         m = scrape(proxy)
         assert sample(m, "kproxy_policy_refused_total", rule="team-topics") == 1
@@ -108,6 +109,35 @@ def test_enforced_rules_answer_with_broker_errors(kafka_cluster, tmp_path):
     finally:
         consumer.close()
     assert high - low == 3
+
+
+def _pipelined_answers_keep_request_order(bootstrap: str, topic: str) -> None:
+    """Refused requests pipelined between forwarded ones: every answer in request order
+    (``RawClient`` checks each correlation id), the refusals kproxy's, none for acks=0."""
+    from kproxy.protocol import Struct
+    from kproxy.protocol.record_encoder import build_batch
+    from kproxy.protocol.records import Record
+    from tests.proxy.wire import RawClient, request_frame
+
+    def produce(correlation_id: int, acks: int) -> bytes:
+        batch = build_batch([Record(0, 0, b"k", b"pipelined", ())], "none")
+        return request_frame(0, 9, correlation_id, header_client_id="svc-pipelining", acks=acks,
+                             timeout_ms=5000, topic_data=[Struct(name=topic, partition_data=[
+                                 Struct(index=0, records=batch)])])
+
+    client = RawClient(bootstrap, client_id="svc-pipelining")
+    try:
+        client.send(b"".join((request_frame(3, 12, 1, topics=None), produce(2, 1),
+                              request_frame(3, 12, 3, topics=None), produce(4, 0),
+                              request_frame(3, 12, 5, topics=None))))
+        client._pending = [(1, 3, 12), (2, 0, 9), (3, 3, 12), (5, 3, 12)]    # acks=0: no answer
+        answers = [client.read_response() for _ in range(4)]
+    finally:
+        client.close()
+    assert [a.correlation_id for a in answers] == [1, 2, 3, 5]
+    refusal = answers[1].body.responses[0].partition_responses[0]
+    assert refusal.error_code == 21 and "acks-all" in refusal.error_message     # INVALID_REQUIRED_ACKS
+    assert all(a.body.brokers for a in answers[0::2])                           # the broker's own
 
 
 def _software_version(m) -> str:

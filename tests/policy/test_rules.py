@@ -15,9 +15,11 @@ from kproxy.observers.capture.redact import to_json
 from kproxy.policy import PolicyError, Subject, load_policy
 from kproxy.policy.checks import version_number
 from kproxy.policy.rules import parse_policy
-from kproxy.protocol import API_KEYS, Request, Struct, decode_response, encode_request, new_body
+from kproxy.protocol import API_KEYS, Request, Response, Struct, decode_response, encode_request, encode_response, new_body
 from kproxy.protocol.records import CODEC_NAMES
-from kproxy.proxy.policy_gate import PolicyGate, Refusal
+from kproxy.protocol.connection import Connection
+from kproxy.proxy.local_requests import ClientSplit, LocalRequest
+from kproxy.proxy.policy_answers import PolicyAnswers
 from tests.protocol.frames import framed
 
 pytestmark = pytest.mark.filterwarnings("ignore:(read|open)_text is deprecated:DeprecationWarning")
@@ -142,25 +144,57 @@ def test_a_yaml_rules_file_reads_like_toml(tmp_path):
     assert config.policy.enforcing
 
 
-def test_the_gate_refuses_in_order_and_answers_in_the_request_version():
+def _split(conn: Connection, split: ClientSplit, chunks) -> list:
+    """The relay's client path: each read framed by the tracker, then split; runs of bytes
+    to forward joined, local requests kept."""
+    parts: list = []
+    for chunk in chunks:
+        for piece in split.split(chunk, conn.receive_client(chunk)):
+            if piece.__class__ is LocalRequest:
+                parts.append(piece)
+            elif parts and isinstance(parts[-1], bytes):
+                parts[-1] += bytes(piece)
+            else:
+                parts.append(bytes(piece))
+    return parts
+
+
+def test_enforced_rules_refuse_in_order_and_answer_in_the_request_version():
     policy = _policy(acks={"check": "acks_all", "enforce": True})
     counts: dict[str, int] = {}
-    gate = PolicyGate(policy, 1 << 20, counts)
+    conn, split = Connection(), ClientSplit([PolicyAnswers(policy, counts)])
     metadata = framed(encode_request(Request(3, 12, 1, "svc", new_body("request", 3, 12, topics=[]))))
     bad = framed(encode_request(Request(PRODUCE, 9, 2, "svc", _produce(1))))
     good = framed(encode_request(Request(PRODUCE, 9, 3, "svc", _produce(-1))))
     data = metadata + bad + good
-    parts = gate.feed(data[:10], False) + gate.feed(data[10:], False)     # cut mid-frame
+    parts = _split(conn, split, (data[:10], data[10:]))        # cut mid-frame
     assert [p if isinstance(p, bytes) else "refused" for p in parts] == [metadata, "refused", good]
     refusal = parts[1]
-    assert isinstance(refusal, Refusal) and counts == {"acks": 1}
-    answer = decode_response(refusal.answer, PRODUCE, 9)
+    assert refusal.event.correlation_id == 2 and counts == {"acks": 1}
+    # Its turn comes once the Metadata request (sent before it) is answered.
+    assert conn.oldest_unanswered() is not refusal.event
+    conn.receive_broker(framed(encode_response(Response(1, new_body("response", 3, 12)), 3, 12)))
+    assert conn.oldest_unanswered() is refusal.event
+    answer = decode_response(refusal.by.answer(None, refusal.event), PRODUCE, 9)
     assert answer.correlation_id == 2
     assert [p.error_code for t in answer.body.responses for p in t.partition_responses] == [21]
-    gate.hold(refusal, in_flight=1)             # the Metadata request is still unanswered
-    assert gate.due() == []
-    gate.answered += 1
-    assert gate.due() == [refusal]
+
+
+def test_a_request_too_large_to_keep_whole_is_judged_on_the_bytes_held_back():
+    """The tracker keeps only the header of a frame past ``stream_frame_bytes``; the split
+    held every byte of it back, and judges (and refuses) it whole all the same."""
+    policy = _policy(acks={"check": "acks_all", "enforce": True})
+    counts: dict[str, int] = {}
+    conn = Connection(stream_frame_bytes=256)
+    split = ClientSplit([PolicyAnswers(policy, counts)])
+    bad = framed(encode_request(Request(PRODUCE, 9, 1, "svc", _produce(1, "none"))))
+    good = framed(encode_request(Request(PRODUCE, 9, 2, "svc", _produce(-1, "none"))))
+    assert len(bad) > 256
+    parts = _split(conn, split, [(bad + good)[i:i + 100] for i in range(0, len(bad + good), 100)])
+    assert [p if isinstance(p, bytes) else "refused" for p in parts] == ["refused", good]
+    assert parts[0].event.streamed and counts == {"acks": 1}
+    answer = decode_response(parts[0].by.answer(None, parts[0].event), PRODUCE, 9)
+    assert [p.error_code for t in answer.body.responses for p in t.partition_responses] == [21]
 
 
 def test_capture_rows_are_judged_with_or_without_bodies():
@@ -181,16 +215,3 @@ def test_capture_rows_are_judged_with_or_without_bodies():
                      ("zip", "app", "librdkafka 2.16.0", "uncompressed batches"),
                      ("named", "app", "librdkafka 2.16.0", "client id 'app' does not match")]
     assert judged_without_bodies(policy) == ["acks"]
-
-
-def test_the_gate_names_http_spoken_to_a_kafka_port_as_the_tracker_does():
-    from kproxy.protocol.connection import FrameTooLarge, WrongProtocol
-    gate = PolicyGate(_policy(acks={"check": "acks_all", "enforce": True}), 1 << 20, {})
-    with pytest.raises(WrongProtocol) as caught:
-        gate.feed(b"GET /metrics HTTP/1.1\r\n\r\n", False)
-    assert caught.value.reply.startswith(b"HTTP/1.1 400")
-    framed_gate = PolicyGate(_policy(acks={"check": "acks_all", "enforce": True}), 1 << 20, {})
-    framed_gate.feed(framed(encode_request(Request(3, 12, 1, "svc", new_body("request", 3, 12, topics=[])))),
-                     False)
-    with pytest.raises(FrameTooLarge):
-        framed_gate.feed(b"\x7f\xff\xff\xff", False)

@@ -16,6 +16,9 @@ class Local:
     def answers(self, api_key: int) -> bool:
         return api_key in (71, 72)
 
+    def takes(self, info, request) -> bool:
+        return True
+
 
 def frame(api_key: int, version: int, corr: int, **fields) -> bytes:
     body = encode_request(Request(api_key, version, corr, "app", new_body("request", api_key, version, **fields)))
@@ -40,7 +43,7 @@ def stream() -> tuple[bytes, bytes, list[int]]:
 def test_any_read_boundaries(seed):
     data, forwarded, local_ids = stream()
     rng = random.Random(seed)
-    conn, split = Connection(), ClientSplit(Local())
+    conn, split = Connection(), ClientSplit([Local()])
     sent, local = bytearray(), []
     pos = 0
     while pos < len(data):
@@ -54,3 +57,36 @@ def test_any_read_boundaries(seed):
                 sent += bytes(piece)
     assert bytes(sent) == forwarded
     assert local == local_ids
+
+
+class RefusesOne:
+    """A second feature on the same connection (as enforced policy rules are): it may answer
+    Metadata and telemetry, and takes one Metadata request only."""
+
+    def answers(self, api_key: int) -> bool:
+        return api_key in (3, 71, 72)
+
+    def takes(self, info, request) -> bool:
+        return request.correlation_id == 5
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_first_of_several_answerers_that_takes_a_request_answers_it(seed):
+    data, forwarded, _ = stream()
+    refused = frame(3, 12, 5, topics=[])
+    forwarded = forwarded.replace(refused, b"")
+    rng = random.Random(seed)
+    first, telemetry = RefusesOne(), Local()
+    conn, split = Connection(), ClientSplit([first, telemetry])
+    sent, local = bytearray(), []
+    pos = 0
+    while pos < len(data):
+        chunk = memoryview(data)[pos:pos + rng.choice((1, 3, 64, len(data)))]
+        pos += len(chunk)
+        for piece in split.split(chunk, conn.receive_client(chunk)):
+            if piece.__class__ is LocalRequest:
+                local.append((piece.event.correlation_id, piece.by))
+            else:
+                sent += bytes(piece)
+    assert bytes(sent) == forwarded
+    assert local == [(2, telemetry), (4, telemetry), (5, first), (6, telemetry)]

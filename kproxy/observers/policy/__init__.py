@@ -6,7 +6,7 @@
 ``kproxy.policy``; violations are counted per rule and violator (client id and client
 software, capped like the other labelled metrics) for ``kproxy_policy_violations_total``,
 with the first request of each violator kept as an example for the live page.
-Requests refused by enforced rules (``proxy/policy_gate``) reach it like any other, with
+Requests refused by enforced rules (``proxy/policy_answers``) reach it like any other, with
 kproxy's answer; it counts them per rule for ``kproxy_policy_refused_total``.
 """
 
