@@ -378,6 +378,26 @@ def create_topics(bootstrap: str, names: list[str], partitions: dict[str, int] |
     time.sleep(TOPIC_SETTLE_S)
 
 
+def await_writable(bootstrap: str, topic: str, partitions: int) -> None:
+    """Produce one record to each partition until the broker takes it. A new topic's leader
+    is in the metadata before the broker can append to it: with a few thousand new
+    partitions on a loaded node, the first fleet round met NOT_LEADER_OR_FOLLOWER on one
+    send in seven without this."""
+    host, port = bootstrap.rsplit(":", 1)
+    deadline = time.monotonic() + 120
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        for partition in range(partitions):
+            template = _fleet_wire.ProduceTemplate(topic, partition, 1, 1, "bench-ready")
+            while True:
+                sock.sendall(template.frame(partition))
+                answer = recv_exactly(sock, struct.unpack(">i", recv_exactly(sock, 4))[0])
+                if template.error_code(answer) == 0:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{topic} partition {partition} refuses records")
+                time.sleep(0.1)
+
+
 def produce_large(bootstrap: str, topic: str, records: int, size: int) -> float:
     """``produce`` for records over librdkafka's default limits (1 MB a message)."""
     from confluent_kafka import Producer
@@ -466,9 +486,12 @@ def fleet_round(path, topic: str, args) -> dict:
         out["fleet_cpu_s_per_min"] = (cpu1 - cpu0) / (t1 - t0) * 60
         out["fleet_cpu_s_per_gb"] = (cpu1 - cpu0) / max(moved_gb, 1e-9)
         out["fleet_rss_mib"] = rss / 2**20
-    if fleet["errors"] or fleet["fetch_errors"] or fleet["unanswered"] or fleet["closed"]:
+    out["fleet_errors"] += fleet["connect_failures"]
+    if out["fleet_errors"] or fleet["connect_retries"]:
         print(f"  fleet on {path.label}: produce errors {fleet['errors']}, fetch errors {fleet['fetch_errors']}, "
-              f"unanswered {fleet['unanswered']}, connections closed {fleet['closed']}", file=sys.stderr)
+              f"unanswered {fleet['unanswered']}, connections closed {fleet['closed']}, connections retried "
+              f"{fleet['connect_retries']} and left out {fleet['connect_failures']} "
+              f"({fleet.get('connect_error', '')})", file=sys.stderr)
     return out
 
 
@@ -529,6 +552,8 @@ def run(args) -> dict:
         configs = {name: {"max.message.bytes": str(LARGE_MAX_MESSAGE_BYTES)}
                    for (_, _, kind), name in topics.items() if kind == "1m"}
         create_topics(upstream, list(topics.values()), partitions, configs)
+        for name, count in partitions.items():
+            await_writable(upstream, name, count)
         started = []
         try:
             for path in list(paths):
@@ -561,7 +586,6 @@ def run(args) -> dict:
         finally:
             for path in reversed(started):
                 path.__exit__()
-    summarize(results)
     return results
 
 
@@ -597,24 +621,38 @@ def run_round(path, r: int, rounds: dict, sizes: dict, topics: dict, args) -> No
         rounds.setdefault("latency_p50_ms", []).append(percentile(times, 0.50) * 1000)
         rounds.setdefault("latency_p99_ms", []).append(percentile(times, 0.99) * 1000)
     if "fleet" in args.scenarios and path.label not in FLEET_SKIPS:
-        for key, value in fleet_round(path, topics[(path.label, r, "fleet")], args).items():
+        try:
+            figures = fleet_round(path, topics[(path.label, r, "fleet")], args)
+        except RuntimeError as exc:            # a round lost, not the run: None keeps rounds paired
+            print(f"  fleet on {path.label} failed: {exc}", file=sys.stderr)
+            rounds.setdefault("fleet_failed", []).append(str(exc))
+            figures = dict.fromkeys(FLEET_FIGURES)
+        for key, value in figures.items():
             rounds.setdefault(key, []).append(value)
 
 
-def _spread(values: list[float]) -> dict:
+def _spread(values: list[float | None]) -> dict | None:
+    """Median and min-max of a row's rounds; a round that failed (None) is left out."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _pairs(mine: list | None, theirs: list | None) -> list[tuple[float, float]]:
+    """Same-round figures of two paths, rounds either lost left out."""
+    return [(a, b) for a, b in zip(mine or (), theirs or ()) if a is not None and b is not None]
 
 
 def _paired(mine: list[float] | None, theirs: list[float] | None, fn) -> dict | None:
     """fn(mine, theirs) per round, as a spread (None when either side has no such rounds)."""
-    if not mine or not theirs:
-        return None
-    return _spread([fn(a, b) for a, b in zip(mine, theirs)])
+    return _spread([fn(a, b) for a, b in _pairs(mine, theirs)])
 
 
 # Figures of a round that are a spread of their own (no pairing with direct).
-ROUND_FIGURES = ("cpu_s_per_gb", "user_cpu_s_per_gb", "fleet_p50_ms", "fleet_p99_ms", "fleet_cpu_s_per_min",
-                 "fleet_cpu_s_per_gb", "fleet_rss_mib", "fleet_carried", "fleet_consumed", "fleet_errors")
+FLEET_FIGURES = ("fleet_p50_ms", "fleet_p99_ms", "fleet_cpu_s_per_min", "fleet_cpu_s_per_gb", "fleet_rss_mib",
+                 "fleet_carried", "fleet_consumed", "fleet_errors")
+ROUND_FIGURES = ("cpu_s_per_gb", "user_cpu_s_per_gb", *FLEET_FIGURES)
 
 
 def summarize(results: dict) -> None:
@@ -633,13 +671,13 @@ def summarize(results: dict) -> None:
             if to_bare is not None:
                 summary[f"{phase}_to_bare"] = to_bare
         for key in ("latency_p50_ms", "latency_p99_ms", "fleet_p50_ms", "fleet_p99_ms"):
-            if rounds.get(key):
+            if _spread(rounds.get(key, ())):
                 summary[key] = _spread(rounds[key])
                 added = _paired(rounds[key], direct.get(key), lambda a, b: a - b)
                 if added is not None:
                     summary[f"added_{key}"] = added
         for key in ROUND_FIGURES:
-            if rounds.get(key):
+            if _spread(rounds.get(key, ())):
                 summary[key] = _spread(rounds[key])
 
 
@@ -693,8 +731,12 @@ def print_table(results: dict) -> None:
                 if s["rounds"].get("suspect_bypass")}
     if suspects:
         print(f"WARNING: phases where the proxy used almost no CPU (bytes went around it?): {suspects}")
-    saturated = {x: [round(c, 2) for c in s["rounds"]["fleet_carried"]] for x, s in results["paths"].items()
-                 if any(c < FLEET_SATURATED_BELOW for c in s["rounds"].get("fleet_carried", ()))}
+    saturated = {x: [c if c is None else round(c, 2) for c in s["rounds"]["fleet_carried"]]
+                 for x, s in results["paths"].items()
+                 if any(c is not None and c < FLEET_SATURATED_BELOW for c in s["rounds"].get("fleet_carried", ()))}
+    failed = {x: s["rounds"]["fleet_failed"] for x, s in results["paths"].items() if s["rounds"].get("fleet_failed")}
+    if failed:
+        print(f"WARNING: fleet rounds lost: {failed}")
     if saturated:
         print(f"WARNING: fleet rounds that carried under {FLEET_SATURATED_BELOW:.0%} of the due records "
               f"(latency is a queue's there): {saturated}")
@@ -761,7 +803,7 @@ def _per_round(paths: dict, label: str, key: str) -> list[float] | None:
     if key.startswith("added_"):
         mine, direct = paths[label]["rounds"].get(key.removeprefix("added_")), \
             paths["direct"]["rounds"].get(key.removeprefix("added_"))
-        return [a - b for a, b in zip(mine, direct)] if mine and direct else None
+        return [None if a is None or b is None else a - b for a, b in zip(mine, direct)] if mine and direct else None
     return paths[label]["rounds"].get(key)
 
 
@@ -770,8 +812,8 @@ def _rounds_ahead(paths: dict, key: str, direction: int, peer: str) -> str:
     mine, theirs = _per_round(paths, "kproxy", key), _per_round(paths, peer, key)
     if not mine or not theirs:
         return ""
-    ahead = sum(direction * (a - b) > 0 for a, b in zip(mine, theirs))
-    return f" [{ahead}/{min(len(mine), len(theirs))}]"
+    pairs = _pairs(mine, theirs)
+    return f" [{sum(direction * (a - b) > 0 for a, b in pairs)}/{len(pairs)}]"
 
 
 def _floor_bound(goal: Goal, bare: float) -> float:
@@ -787,13 +829,13 @@ def _rounds_within_floor(paths: dict, goal: Goal) -> str:
         mine, bare = (_per_round(paths, x, goal.key) for x in ("kproxy", "bare"))
         if not (mine and bare and direct):
             return ""
-        mine, bare = [a / d for a, d in zip(mine, direct)], [b / d for b, d in zip(bare, direct)]
+        mine, bare = [a / d for a, d in zip(mine, direct)], [b / d for b, d in zip(bare, direct)]   # MB/s: none lost
     else:
         mine, bare = (_per_round(paths, x, goal.key) for x in ("kproxy", "bare"))
         if not mine or not bare:
             return ""
-    within = sum(goal.direction * (a - _floor_bound(goal, b)) >= 0 for a, b in zip(mine, bare))
-    return f" [{within}/{min(len(mine), len(bare))}]"
+    pairs = _pairs(mine, bare)
+    return f" [{sum(goal.direction * (a - _floor_bound(goal, b)) >= 0 for a, b in pairs)}/{len(pairs)}]"
 
 
 def print_goals(results: dict) -> None:
@@ -843,7 +885,7 @@ def print_goals(results: dict) -> None:
         else:
             target = f"{sign} {bound:g}" if bound is not None else ""
         if goal.peers and goal.judged:
-            target += (", " if target else "") + f"{'ahead of' if target else 'ahead of'} every peer"
+            target += (", " if target else "") + "ahead of every peer"
         if not goal.judged:
             target = "beside the peers"
         floor_text = ""
@@ -886,6 +928,9 @@ def main() -> int:
     if args.scenarios - set(SCENARIOS):
         parser.error(f"unknown scenarios: {', '.join(sorted(args.scenarios - set(SCENARIOS)))}")
     results = run(args)
+    if args.json:                       # the rounds first: kept even if summarizing fails
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    summarize(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     print_table(results)
