@@ -905,7 +905,7 @@ def print_goals(results: dict) -> None:
             floor_text = f"   floor {best_floor:.3f}"
             if against_bare and bare is not None:
                 floor_text += f" (bare {bare:.3f}: bound {bound:.3f}{_rounds_within_floor(paths, goal)})"
-        print(f"  {goal.title:24} {target:36} kproxy {mine:7.3f}   peers "
+        print(f"  {goal.title:24} {target:44} kproxy {mine:7.3f}   peers "
               + " ".join(f"{v:.3f}{_rounds_ahead(paths, goal.key, direction, p)}" for p, v in zip(compared, theirs))
               + floor_text + f"   {verdict}")
 
