@@ -12,12 +12,16 @@ import sys
 import uvloop
 
 READ_BYTES = 1024 * 1024
+# One read buffer for every connection: each read is copied out of it before the event loop
+# reads again, so nothing is kept in it between reads. A buffer per side (until session 12)
+# made a gateway's 1,100 connections cost 2.2 GiB, which is no floor for anyone's RSS.
+READ_BUFFER = memoryview(bytearray(READ_BYTES))
 
 
 class Side(asyncio.BufferedProtocol):
     def __init__(self, peer=None):
         self.peer = peer
-        self.buffer = memoryview(bytearray(READ_BYTES))
+        self.buffer = READ_BUFFER
         self.early: list[bytes] = []             # read before the upstream connected
 
     def connection_made(self, transport):
