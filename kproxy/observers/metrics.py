@@ -47,6 +47,7 @@ from ..protocol.walk import error_codes, error_walker
 from ..protocol.tls_failures import HANDSHAKE_FAILURES
 from ..protocol.proxy_header import REFUSAL_REASONS as PROXY_HEADER_REFUSALS
 from .contract import CloseCause, CloseKind
+from .topic_bytes import TopicBytes
 
 # Request-to-response time: sub-millisecond local answers up to Fetch/JoinGroup waits.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -151,6 +152,10 @@ class BoundedLabel:
             self.seen.add(value)
             return value
         return "other"
+
+    def forget(self, value: str) -> None:
+        """``value`` is no longer a label (its series was removed): its slot is free."""
+        self.seen.discard(value)
 
 
 class _Histogram:
@@ -568,6 +573,9 @@ class Metrics:
             self.topic_fetched_bytes = Counter("kproxy_topic_fetched_bytes_total",
                                                "Record batch bytes fetched, by topic (opt-in, capped)",
                                                ["topic"], registry=r)
+            # By id until the name is known, then moved to the name (topic_bytes.py).
+            self._topic_bytes = (TopicBytes(self.topic_produced_bytes, self.topic_label),
+                                 TopicBytes(self.topic_fetched_bytes, self.topic_label))
 
         # Client inventory: every open connection counts once, under "unknown" until its
         # ApiVersions v3+ request (accepted by the broker) names the software.
@@ -689,7 +697,7 @@ class Metrics:
                 for partition in topic.partition_data:
                     nbytes = self._count_batches(partition.records, self._produce_totals)
                     if self.topic_label is not None and nbytes:
-                        self.topic_produced_bytes.labels(self.topic_label(self._topic_name(topic))).inc(nbytes)
+                        self._count_topic_bytes(self._topic_bytes[0], topic, nbytes)
 
     def _response(self, event: ResponseReceived, info) -> None:
         request = event.request_event
@@ -758,7 +766,7 @@ class Metrics:
                 nbytes = self._count_batches(partition.records, self._fetch_totals)
                 total += nbytes
                 if self.topic_label is not None and nbytes:
-                    self.topic_fetched_bytes.labels(self.topic_label(self._topic_name(topic))).inc(nbytes)
+                    self._count_topic_bytes(self._topic_bytes[1], topic, nbytes)
         return total
 
     def _count_batches(self, records, totals: _BatchTotals) -> int:
@@ -830,12 +838,26 @@ class Metrics:
             return ""
         return self._topic_names.get(topic_id) or str(topic_id)
 
+    def _count_topic_bytes(self, counts: TopicBytes, topic, nbytes: int) -> None:
+        """Bytes of a topic under its name, or under its id until the name is known."""
+        name = getattr(topic, "name", None) or getattr(topic, "topic", None)
+        topic_id = None if name else getattr(topic, "topic_id", None)
+        if topic_id is not None:
+            name = self._topic_names.get(topic_id)
+            if not name:
+                counts.add_by_id(topic_id, nbytes)
+                return
+        counts.add(name or "", nbytes)
+
     def topic_named(self, topic_id, name: str) -> None:
         """Hook: kproxy asked the broker for a topic id's name (``proxy.topic_names``).
-        Partitions consumers fetched by that id before get the name as their lag label."""
+        Partitions consumers fetched by that id before get the name as their lag label, and
+        bytes counted under the id move to the name."""
         if topic_id in self._topic_names or len(self._topic_names) < MAX_TOPIC_IDS:
             self._topic_names[topic_id] = name
         if self.topic_label is not None:
+            for counts in self._topic_bytes:
+                counts.named(topic_id, name)
             label = None
             for state in self._fetch_positions.values():
                 for (key, _), entry in state.partitions.items():
@@ -848,6 +870,9 @@ class Metrics:
             if name and topic_id and any(topic_id) and topic_id not in self._topic_names \
                     and len(self._topic_names) < MAX_TOPIC_IDS:
                 self._topic_names[topic_id] = name
+                if self.topic_label is not None:
+                    for counts in self._topic_bytes:
+                        counts.named(topic_id, name)
 
     def _fetch_answered(self, event: ResponseReceived, info, body) -> None:
         """A consumer's Fetch and its answer: remember, per partition, the offset asked for and
