@@ -93,6 +93,9 @@ MAX_IN_FLIGHT_PER_CONNECTION = 1000
 # connections together a bounded step per turn of the event loop, so other connections,
 # scrapes and health checks run in between; neither side is read until they are observed.
 OBSERVER_EVENTS_PER_CHECK = 8
+# A closed connection's events still waiting are observed in turn for up to this long
+# (one read's worth takes a few turns; a flood of closing connections, a queue's worth).
+CLOSE_OBSERVE_S = 5.0
 # Room a client's read is offered beyond the rest of the request in progress: what a read
 # may bring of requests not begun yet, at most ~600 minimal ones (14 bytes each).
 # Beyond the cap on requests in flight, a connection holds at most this many more, and no
@@ -343,6 +346,7 @@ class Relay:
     done: asyncio.Future | None = None   # set by finish(); run_relay waits on it
     # Events not yet given to observers (more than a step's worth came at once), in order.
     _unobserved: deque | None = field(default=None, repr=False)
+    _all_observed: asyncio.Future | None = field(default=None, repr=False)   # set once _unobserved empties
     _request_deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
     budget: BufferBudget | None = None
     share: FairShare | None = None       # where events too many to observe at once wait
@@ -644,7 +648,21 @@ class Relay:
         self._unobserved = None
         self.client.resume("observers catching up")
         self.broker.resume("observers catching up")
+        if self._all_observed is not None and not self._all_observed.done():
+            self._all_observed.set_result(None)
         return False
+
+    async def observed_in_turn(self) -> None:
+        """The connection ended: wait (at most ``CLOSE_OBSERVE_S``) while the ``FairShare``
+        observes what still waits, rather than all at once (a client that pipelines, closes
+        and comes back would get it done in one go each time)."""
+        if not self._unobserved:
+            return
+        self._all_observed = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._all_observed), CLOSE_OBSERVE_S)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            pass                                 # observe_the_rest takes what is left
 
     def observe_the_rest(self) -> None:
         """The connection ended: observers get every event before they hear of the close."""
@@ -787,6 +805,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
         relay.finish(CANCELLED)
     finally:
         relay.finish(CANCELLED)                # a no-op unless something above raised
+        await relay.observed_in_turn()
         relay.observe_the_rest()
         reason = relay.close_reason
         log.info("conn=%d close client=%s:%d reason=%s bytes_client_to_broker=%d "

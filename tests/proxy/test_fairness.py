@@ -11,7 +11,8 @@ for all those connections together, and their reads wait until it is done.
 What is asserted is behaviour, counted in loop turns (a callback that re-queues itself
 each turn counts them), not time: the ordinary client is answered in order throughout;
 per turn, events handed to observers outside a read callback (the deferred ones) stay
-within ``DEFERRED_EVENTS_PER_TURN``; a read callback hands over at most one read's few
+within ``DEFERRED_EVENTS_PER_TURN``, also while the pipelining connections close with
+events still waiting; a read callback hands over at most one read's few
 events per side at once; every connection's requests reach observers in order, paired
 with their answers. How long the ordinary client waits is ``bench_hostile_memory.py``'s.
 """
@@ -30,7 +31,8 @@ import pytest
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy.fairness import DEFERRED_EVENTS_PER_TURN
 from kproxy.proxy.relay import OBSERVER_EVENTS_PER_CHECK
-from tests.proxy.wire import API_VERSIONS, RawClient, api_versions_ok
+from tests.proxy.harness import wait_for
+from tests.proxy.wire import API_VERSIONS, CLOSE_TIMEOUT_S, RawClient, api_versions_ok
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -109,6 +111,12 @@ def _pipeline(port: int, data: bytes, stop: threading.Event) -> None:
         sock.close()
 
 
+def open_relays(proxy) -> list:
+    async def relays():
+        return [r for r in proxy.runtime.proxy.relays if r.tracker is not None]
+    return proxy.call(relays())
+
+
 def test_pipelining_clients_that_never_read_get_a_bounded_share_of_each_loop_turn(start_proxy):
     probe = TurnProbe()
     proxy = start_proxy(observers=[probe])
@@ -129,11 +137,13 @@ def test_pipelining_clients_that_never_read_get_a_bounded_share_of_each_loop_tur
             api_versions_ok(canary)          # answered, with its own correlation id, or raises
             answered += 1
             time.sleep(CANARY_PAUSE_S)
-    finally:
-        probe.on = False                     # counted up to here: closing flushes what is left
-        stop.set()
+        stop.set()                           # they close with events still waiting: counted too
         for thread in threads:
-            thread.join(10)
+            thread.join(CLOSE_TIMEOUT_S)
+        wait_for(lambda: len(open_relays(proxy)) == 1, CLOSE_TIMEOUT_S, "the pipelining connections to close")
+    finally:
+        probe.on = False
+        stop.set()
         canary.close()
     assert answered >= MIN_CANARY_REQUESTS
     assert len(probe.deferred) >= MIN_DEFERRED_TURNS, "the pipelining clients' work was never deferred"
