@@ -41,6 +41,11 @@ SETTLE_TIMEOUT_S = 60.0
 CANARY_INTERVAL_S = 0.02       # an ordinary client's pace: a request every 20 ms
 CANARY_TIMEOUT_S = 10.0        # a canary request not answered in this long has failed
 SCRAPE_INTERVAL_S = 0.5
+# Issue #24's goal beside 10 pipelining clients: what they add to an ordinary client's p99
+# (over its own idle p50), its failures, the slowest /metrics scrape.
+GOAL_ADDED_P99_MS = 50.0
+GOAL_FAILURES = 0
+GOAL_SCRAPE_S = 1.0
 API_VERSIONS = 18
 PRODUCE = 0
 
@@ -243,6 +248,7 @@ def probe_pipeline(kproxy: Kproxy, args) -> dict:
             "canary_requests": len(canary_times), "canary_failures": len(failures),
             "canary_idle_p50_ms": base_p50 * 1000,
             "canary_p50_ms": pct(ordered, 0.5) * 1000, "canary_p99_ms": pct(ordered, 0.99) * 1000,
+            "canary_added_p99_ms": (pct(ordered, 0.99) - base_p50) * 1000,
             "canary_max_ms": (ordered[-1] if ordered else float("nan")) * 1000,
             "scrape_max_s": max(scrapes, default=float("nan")), "scrapes": len(scrapes),
             "failures": failures[:3]}
@@ -278,6 +284,15 @@ def main() -> int:
                         kproxy.close()
                 print(probe, name, " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                                            for k, v in result.items()), flush=True)
+                if probe == "pipeline":
+                    met = (result["canary_added_p99_ms"] <= GOAL_ADDED_P99_MS
+                           and result["canary_failures"] <= GOAL_FAILURES
+                           and result["scrape_max_s"] <= GOAL_SCRAPE_S)
+                    print(f"  goal ({args.pipeliners} pipeliners): added p99 <= {GOAL_ADDED_P99_MS:g} ms "
+                          f"(measured {result['canary_added_p99_ms']:.1f}), failures <= {GOAL_FAILURES} "
+                          f"({result['canary_failures']}), slowest scrape <= {GOAL_SCRAPE_S:g} s "
+                          f"({result['scrape_max_s']:.2f}): {'met' if met else 'NOT met'}; "
+                          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     return 0
 
 
