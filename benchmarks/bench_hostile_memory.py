@@ -12,7 +12,8 @@ always), one ``kproxy run`` process per tree and probe, one embedded Kafka for a
   one ApiVersions at a time (``CANARY_INTERVAL_S`` apart) and a scraper reads
   ``/metrics`` (``SCRAPE_INTERVAL_S`` apart). Figures: RSS growth, requests in flight
   at close (kproxy's close log lines), RSS per request in flight, the canary's
-  round trips (p50, p99, max, failures), the slowest scrape.
+  round trips (p50, p99, max, failures), the slowest scrape; beside them the same canary
+  straight to the broker (what the flood costs the broker itself, not kproxy).
 
     python benchmarks/bench_hostile_memory.py --kproxy-tree base=/tmp/base-mem
 """
@@ -79,6 +80,7 @@ def produce_start(frame_bytes: int, held: int) -> bytes:
 class Kproxy:
     def __init__(self, tree: Path, upstream: str, log_path: Path):
         self.listen, self.admin = free_port(), free_port()
+        self.upstream = upstream
         env = {**os.environ, "PYTHONPATH": str(tree)}
         self.log_path = log_path
         self.log = open(log_path, "w")
@@ -160,13 +162,13 @@ def pipeliner(port: int, stop: threading.Event, sent: list) -> None:
         sock.close()
 
 
-def canary(port: int, stop: threading.Event, times: list, failures: list) -> None:
+def canary(port: int, stop: threading.Event, times: list, failures: list, host: str = "127.0.0.1") -> None:
     sock = None
     correlation_id = 0
     while not stop.is_set():
         try:
             if sock is None:
-                sock = socket.create_connection(("127.0.0.1", port), timeout=CANARY_TIMEOUT_S)
+                sock = socket.create_connection((host, port), timeout=CANARY_TIMEOUT_S)
             correlation_id += 1
             started = time.monotonic()
             sock.sendall(api_versions_v0(correlation_id))
@@ -222,6 +224,11 @@ def probe_pipeline(kproxy: Kproxy, args) -> dict:
     sent = [[0] for _ in range(args.pipeliners)]
     threads = [threading.Thread(target=pipeliner, args=(kproxy.listen, stop, sent[i]), daemon=True)
                for i in range(args.pipeliners)]
+    # The same canary straight to the broker: what the flood costs the broker itself.
+    direct: list[float] = []
+    broker_host, broker_port = kproxy.upstream.split(",")[0].rsplit(":", 1)
+    threads.append(threading.Thread(target=canary, args=(int(broker_port), stop, direct, [], broker_host),
+                                    daemon=True))
     threads.append(threading.Thread(target=canary, args=(kproxy.listen, stop, canary_times, failures),
                                     daemon=True))
     threads.append(threading.Thread(target=scraper, args=(kproxy.admin, stop, scrapes), daemon=True))
@@ -249,6 +256,7 @@ def probe_pipeline(kproxy: Kproxy, args) -> dict:
             "canary_idle_p50_ms": base_p50 * 1000,
             "canary_p50_ms": pct(ordered, 0.5) * 1000, "canary_p99_ms": pct(ordered, 0.99) * 1000,
             "canary_added_p99_ms": (pct(ordered, 0.99) - base_p50) * 1000,
+            "direct_p50_ms": pct(sorted(direct), 0.5) * 1000, "direct_p99_ms": pct(sorted(direct), 0.99) * 1000,
             "canary_max_ms": (ordered[-1] if ordered else float("nan")) * 1000,
             "scrape_max_s": max(scrapes, default=float("nan")), "scrapes": len(scrapes),
             "failures": failures[:3]}
