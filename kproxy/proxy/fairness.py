@@ -1,10 +1,11 @@
 """Work connections line up faster than it can be done, shared out a little per loop turn.
 
 A client that pipelines thousands of tiny requests (and never reads the answers) makes
-thousands of events for the observers; done as they come, ten such clients took ~30 ms of
-every turn of the event loop, and an ordinary client beside them waited several turns per
-request (p99 231 ms). Here that work waits in one queue per event loop, served
-in turn, at most ``DEFERRED_EVENTS_PER_TURN`` events and ``DEFERRED_WORK_PER_TURN_S`` per
+thousands of events for the observers. Each such connection used to get its own step of
+up to 1 ms every turn of the event loop (ten of them: ~10 ms a turn, and up to 1,140
+events in one turn counted in ``tests/proxy/test_fairness.py``), and an ordinary client
+beside them waited several such turns per request (p99 231 ms on a quiet machine). Here
+that work waits in one queue per event loop, served in turn, at most ``DEFERRED_EVENTS_PER_TURN`` events and ``DEFERRED_WORK_PER_TURN_S`` per
 turn *for all such connections together*, so a turn costs the ordinary clients about the
 same whether one connection pipelines or a hundred do. While a connection has work
 waiting, the relay reads neither of its sockets (as Kafka mutes a connection while it
@@ -12,8 +13,8 @@ works on its request): what waits is bounded by one read of each side, and a con
 waits at most for the others' such work before its own begins.
 
 Served first come, first done (not a step each in rotation): connections then finish
-one at a time and are read again one at a time, where a rotation finished them all in
-the same turn, whose reads then came together (~1 ms each).
+one at a time and are read again one at a time; a rotation would finish them all in
+the same turn, and their next reads (~0.4 ms each) would come together.
 
 When nothing else is ready the loop turns again at once, so deferred work still gets
 nearly all of an otherwise idle process.
