@@ -47,6 +47,7 @@ from ..protocol.walk import error_codes, error_walker
 from ..protocol.tls_failures import HANDSHAKE_FAILURES
 from ..protocol.proxy_header import REFUSAL_REASONS as PROXY_HEADER_REFUSALS
 from .contract import CloseCause, CloseKind
+from .topic_bytes import TopicBytes
 
 # Request-to-response time: sub-millisecond local answers up to Fetch/JoinGroup waits.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -151,6 +152,10 @@ class BoundedLabel:
             self.seen.add(value)
             return value
         return "other"
+
+    def forget(self, value: str) -> None:
+        """``value`` is no longer a label (its series was removed): its slot is free."""
+        self.seen.discard(value)
 
 
 class _Histogram:
@@ -596,7 +601,7 @@ class _RecordMetrics:
             for partition in topic.partition_data:
                 nbytes = self.count(partition.records, self.produced)
                 if topics.label is not None and nbytes:
-                    topics.produced_bytes.labels(topics.label(topics.name_of(topic))).inc(nbytes)
+                    topics.count(topics.produced, topic, nbytes)
 
     def fetch(self, body, topics: "_TopicMetrics") -> int:
         """A Fetch (or ShareFetch) answer's records; returns their bytes (0: an empty long poll)."""
@@ -606,7 +611,7 @@ class _RecordMetrics:
                 nbytes = self.count(partition.records, self.fetched)
                 total += nbytes
                 if topics.label is not None and nbytes:
-                    topics.fetched_bytes.labels(topics.label(topics.name_of(topic))).inc(nbytes)
+                    topics.count(topics.fetched, topic, nbytes)
         return total
 
     @staticmethod
@@ -635,6 +640,9 @@ class _TopicMetrics:
             self.fetched_bytes = Counter("kproxy_topic_fetched_bytes_total",
                                          "Record batch bytes fetched, by topic (opt-in, capped)",
                                          ["topic"], registry=r)
+            # By id until the name is known, then moved to the name (topic_bytes.py).
+            self.produced = TopicBytes(self.produced_bytes, self.label)
+            self.fetched = TopicBytes(self.fetched_bytes, self.label)
         self.names: dict = {}                    # topic id (Uuid) -> name
 
     def name_of(self, topic) -> str:
@@ -647,9 +655,24 @@ class _TopicMetrics:
             return ""
         return self.names.get(topic_id) or str(topic_id)
 
+    def count(self, counts: TopicBytes, topic, nbytes: int) -> None:
+        """Bytes of a topic under its name, or under its id until the name is known."""
+        name = getattr(topic, "name", None) or getattr(topic, "topic", None)
+        topic_id = None if name else getattr(topic, "topic_id", None)
+        if topic_id is not None:
+            name = self.names.get(topic_id)
+            if not name:
+                counts.add_by_id(topic_id, nbytes)
+                return
+        counts.add(name or "", nbytes)
+
     def named(self, topic_id, name: str) -> None:
+        """An id's name is known: remembered, and bytes counted under the id move to it."""
         if topic_id in self.names or len(self.names) < MAX_TOPIC_IDS:
             self.names[topic_id] = name
+        if self.label is not None:
+            self.produced.named(topic_id, name)
+            self.fetched.named(topic_id, name)
 
     def learn(self, body) -> None:
         """The topic ids a Metadata answer names."""
@@ -657,7 +680,7 @@ class _TopicMetrics:
             topic_id, name = getattr(topic, "topic_id", None), getattr(topic, "name", None)
             if name and topic_id and any(topic_id) and topic_id not in self.names \
                     and len(self.names) < MAX_TOPIC_IDS:
-                self.names[topic_id] = name
+                self.named(topic_id, name)
 
 
 class _FailoverMetrics:

@@ -46,8 +46,9 @@ has its broker read again only once its client has taken them all, and brokers a
 no read buffer at all (the arena is the event loop's). One client cannot monopolize the
 loop either: a read takes at most ``PIPELINED_READ_BYTES`` of requests not begun yet, it is
 not read with ``MAX_IN_FLIGHT_PER_CONNECTION`` requests unanswered, its answers are read a
-little at a time once they come by the thousand, and its events reach observers a bounded
-step (in number and in time) per turn of the loop.
+little at a time once they come by the thousand, and events too many to observe at once
+wait, with both sockets unread, in the loop's ``FairShare`` (``fairness.py``), which
+gives all such connections together a bounded step (in number and in time) per turn.
 
 The arena and the budget are in ``memory`` (one of each per event loop).
 
@@ -73,6 +74,7 @@ from .local_requests import ClientSplit, LocalAnswers, LocalRequest
 from ..observers.contract import (BROKER_CLOSED, CANCELLED, CLIENT_CLOSED, CLIENT_DONE, UPSTREAM_UNREACHABLE,
                                   CloseCause, CloseKind, ConnectionInfo, Hook, HostPort, Observer)
 from .log_budget import LogBudget
+from .fairness import FairShare, loop_fair_share
 from .memory import OVER_BUDGET_READ_BYTES, READ_CHUNK, BufferBudget, ReadArena, loop_buffer_budget, loop_read_arena, share_budget
 from .tls import certificate_subject
 from .unsent import UnsentAnswers
@@ -86,16 +88,14 @@ WRITE_LOW_WATER = WRITE_HIGH_WATER // 4   # ... and start again below this
 # pipelining blindly: kproxy stops reading it until answers bring it below this, which
 # bounds the tracker's queue and the work one client can line up.
 MAX_IN_FLIGHT_PER_CONNECTION = 1000
-# Events handed to observers in one go. More (one read of thousands of tiny pipelined
-# requests) wait for the next turns of the event loop, so other connections, scrapes and
-# health checks run in between; the client is not read until they are all observed.
-OBSERVER_EVENTS_PER_STEP = 256
-# ... and a step ends sooner once it has taken this long: events differ in cost (a capped
-# ApiVersions answer ~0.15 ms to the metrics, a request a few µs), and 10 clients pipelining
-# answers worth 40 ms a step made an ordinary client wait ~0.5 s a request. Checked after
-# every OBSERVER_EVENTS_PER_CHECK events; as many events at once go to observers directly.
-OBSERVER_STEP_S = 0.001
+# Events of one read handed to observers at once. More (one read of thousands of tiny
+# pipelined requests) wait in the loop's ``FairShare`` (fairness.py), which gives all such
+# connections together a bounded step per turn of the event loop, so other connections,
+# scrapes and health checks run in between; neither side is read until they are observed.
 OBSERVER_EVENTS_PER_CHECK = 8
+# A closed connection's events still waiting are observed in turn for up to this long
+# (one read's worth takes a few turns; a flood of closing connections, a queue's worth).
+CLOSE_OBSERVE_S = 5.0
 # Room a client's read is offered beyond the rest of the request in progress: what a read
 # may bring of requests not begun yet, at most ~600 minimal ones (14 bytes each).
 # Beyond the cap on requests in flight, a connection holds at most this many more, and no
@@ -345,8 +345,10 @@ class Relay:
     done: asyncio.Future | None = None   # set by finish(); run_relay waits on it
     # Events not yet given to observers (more than a step's worth came at once), in order.
     _unobserved: deque | None = field(default=None, repr=False)
+    _all_observed: asyncio.Future | None = field(default=None, repr=False)   # set once _unobserved empties
     _request_deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
     budget: BufferBudget | None = None
+    share: FairShare | None = None       # where events too many to observe at once wait
     # Requests kproxy answers itself (policy.local_answers): the client's bytes split, what
     # waits behind a local request for earlier answers, local pairs not yet observed.
     split: ClientSplit | None = None
@@ -569,35 +571,46 @@ class Relay:
         return False
 
     def _observe(self, events: list) -> None:
-        """Give events to the observers: at once, or a step per turn of the loop if many."""
+        """Give events to the observers: at once if few, else in the loop's ``FairShare``,
+        with neither socket read meanwhile (what waits is bounded by one read of each)."""
         if self._unobserved is None:
             if len(events) <= OBSERVER_EVENTS_PER_CHECK:
                 _notify(self.observers, self.info, events)
                 return
-            self._unobserved = deque()
+            self._unobserved = deque(events)
             self.client.pause("observers catching up")
-            self._unobserved.extend(events)
-            self._observe_step()
+            self.broker.pause("observers catching up")
+            self.share.defer(self)
         else:
             self._unobserved.extend(events)
 
-    def _observe_step(self) -> None:
+    def step(self, most: int) -> bool:
+        """Observe at most ``most`` waiting events (for the ``FairShare``); True while more wait."""
         unobserved = self._unobserved
-        if unobserved is None:
-            return
-        ends = time.perf_counter() + OBSERVER_STEP_S
-        taken = 0
-        while unobserved and taken < OBSERVER_EVENTS_PER_STEP:
-            count = min(len(unobserved), OBSERVER_EVENTS_PER_CHECK, OBSERVER_EVENTS_PER_STEP - taken)
-            _notify(self.observers, self.info, [unobserved.popleft() for _ in range(count)])
-            taken += count
-            if time.perf_counter() > ends:
-                break
+        if unobserved is None:                   # closed meanwhile: observe_the_rest took them
+            return False
+        count = min(most, len(unobserved))
+        _notify(self.observers, self.info, [unobserved.popleft() for _ in range(count)])
         if unobserved:
-            asyncio.get_running_loop().call_soon(self._observe_step)
-            return
+            return True
         self._unobserved = None
         self.client.resume("observers catching up")
+        self.broker.resume("observers catching up")
+        if self._all_observed is not None and not self._all_observed.done():
+            self._all_observed.set_result(None)
+        return False
+
+    async def observed_in_turn(self) -> None:
+        """The connection ended: wait (at most ``CLOSE_OBSERVE_S``) while the ``FairShare``
+        observes what still waits, rather than all at once (a client that pipelines, closes
+        and comes back would get it done in one go each time)."""
+        if not self._unobserved:
+            return
+        self._all_observed = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._all_observed), CLOSE_OBSERVE_S)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            pass                                 # observe_the_rest takes what is left
 
     def observe_the_rest(self) -> None:
         """The connection ended: observers get every event before they hear of the close."""
@@ -712,6 +725,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
     relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened,
                                 certificate_subject(client.get_extra_info("peercert")), via)
     relay.budget = budget = loop_buffer_budget()
+    relay.share = loop_fair_share()
     arena = client.arena
 
     def assemble(nbytes: int, start) -> tuple[bytearray, int] | None:
@@ -738,6 +752,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
         relay.finish(CANCELLED)
     finally:
         relay.finish(CANCELLED)                # a no-op unless something above raised
+        await relay.observed_in_turn()
         relay.observe_the_rest()
         reason = relay.close_reason
         log.info("conn=%d close client=%s:%d reason=%s bytes_client_to_broker=%d "

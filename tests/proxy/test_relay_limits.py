@@ -4,8 +4,8 @@
   forwarded and tracked (14,016 in flight in the issue): kproxy now stops reading a
   client with ``MAX_IN_FLIGHT_PER_CONNECTION`` unanswered.
 - One read of thousands of tiny requests went to the observers in one synchronous
-  step (435 ms in the issue): observers now get at most ``OBSERVER_EVENTS_PER_STEP``
-  events per turn of the event loop, in order.
+  step (435 ms in the issue): observers now get at most ``EVENTS_PER_STEP`` events at a
+  time, in order (``fairness.py``).
 - A request trickled a byte at a time kept its connection open forever (every byte is
   activity): a request must now be complete ``REQUEST_DEADLINE_S`` after its first byte.
 - Item 7: connections each sending most of a large frame held it all (5 x 96 MiB took
@@ -26,8 +26,8 @@ import pytest
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy import memory as memory_module
 from kproxy.proxy import relay as relay_module
-from kproxy.proxy.relay import (MAX_IN_FLIGHT_PER_CONNECTION, OBSERVER_EVENTS_PER_STEP, PIPELINED_READ_BYTES,
-                                READ_CHUNK)
+from kproxy.proxy.fairness import EVENTS_PER_STEP
+from kproxy.proxy.relay import MAX_IN_FLIGHT_PER_CONNECTION, PIPELINED_READ_BYTES, READ_CHUNK
 from tests.protocol.frames import produce_v9
 from tests.proxy.harness import wait_for
 from tests.proxy.wire import (API_VERSIONS, CLOSE_TIMEOUT_S, FETCH, FETCH_VERSION, METADATA, RawClient,
@@ -102,7 +102,7 @@ def test_observers_get_a_flood_of_pipelined_requests_a_step_at_a_time_in_order(s
     wait_for(lambda: sum(map(len, batches)) >= PIPELINED_API_VERSIONS, FLOOD_OBSERVED_TIMEOUT_S,
              "the observer to see every request")
     client.close()
-    assert max(map(len, batches)) <= OBSERVER_EVENTS_PER_STEP
+    assert max(map(len, batches)) <= EVENTS_PER_STEP
     observed = [cid for batch in batches for cid in batch]
     assert observed[:PIPELINED_API_VERSIONS] == list(range(1, PIPELINED_API_VERSIONS + 1))
 

@@ -16,7 +16,7 @@ from kproxy.observers.capture import CaptureConfig
 from kproxy.observers.live import ViewerFilter
 from kproxy.protocol import Struct, Uuid
 from tests.observers.captures import read_jsonl
-from tests.proxy.harness import ProxyThread
+from tests.proxy.harness import ProxyThread, wait_for
 from tests.proxy.wire import FETCH, METADATA, RawClient, create_topic
 
 FETCH_BY_ID_VERSION = 13
@@ -100,3 +100,42 @@ def test_a_sidecar_names_a_topic_fetched_by_id_before_any_metadata(kafka_cluster
         assert [r["topics"] for r in fetches] == [[str(topic_id)]] * 2
         assert [r["topics"] for r in live_rows] == [[str(topic_id)]] * 2
         assert named not in metrics and f'topic="{topic_id}"' in metrics
+
+
+RECORDS = 5
+
+
+def topic_bytes(proxy: ProxyThread, metric: str) -> dict[str, float]:
+    """topic label -> value of ``metric`` (a per-topic byte counter)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    return {s.labels["topic"]: s.value for f in text_string_to_metric_families(scrape(proxy))
+            for s in f.samples if s.name == metric}
+
+
+def test_bytes_counted_under_a_topic_id_move_to_its_name_once_known(kafka_cluster, kproxy_log):
+    """Fetched by id before any Metadata: counted under the id; a Metadata answer naming the
+    topic then moves those bytes to the name, and the id's series goes."""
+    from confluent_kafka import Producer
+    topic = create_topic(kafka_cluster.bootstrap_servers)
+    producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap_servers})
+    for i in range(RECORDS):
+        producer.produce(topic, b"v" * 100 + bytes([i]))
+    assert producer.flush(LEARN_TIMEOUT_S) == 0
+    del producer                              # (its threads would go on trying the session broker)
+    topic_id = topic_id_of(kafka_cluster.bootstrap_servers, topic)
+    with ProxyThread(mode="sidecar", broker_port_rule="fixed", upstream=kafka_cluster.bootstrap_servers,
+                     shutdown_timeout=5.0, metrics_topic_label=True, topic_id_lookup=False) as proxy:
+        client = RawClient(proxy.bootstrap)
+        try:
+            fetched = fetch_by_id(client, topic_id)
+            size = len(fetched.body.responses[0].partitions[0].records)
+            assert size
+            counted = lambda: topic_bytes(proxy, "kproxy_topic_fetched_bytes_total")   # noqa: E731
+            # (observers see a pair just after its bytes are on their way: waited for)
+            wait_for(lambda: counted() == {str(topic_id): size}, LEARN_TIMEOUT_S, "bytes under the id")
+            client.roundtrip(METADATA, METADATA_BY_ID_VERSION, topics=[Struct(topic_id=Uuid(bytes(16)), name=topic)])
+            wait_for(lambda: counted() == {topic: size}, LEARN_TIMEOUT_S, "the bytes moved to the name")
+            fetch_by_id(client, topic_id)             # from now on counted under the name at once
+            wait_for(lambda: counted() == {topic: 2 * size}, LEARN_TIMEOUT_S, "the next bytes under the name")
+        finally:
+            client.close()
