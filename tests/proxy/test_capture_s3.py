@@ -4,8 +4,8 @@ back with ``kproxy analyze s3a://...``.
 - A kproxy capturing with small rotations uploads every file it closed, the last ones
   when it shuts down: the objects under ``<prefix>/<instance>/`` are the local files,
   byte for byte, and the counters say so.
-- Spark over ``s3a://bucket/prefix`` (and ``s3://``) reads the same rows as over the
-  local directory, and a table computed from each is the same; the whole job and report
+- Spark over ``s3a://bucket/prefix`` (and ``s3://``) finds the same files and reads the
+  same rows as over the local directory; every table and the summary of the whole job
   over both is the ``soak`` variant.
 - An unreachable store costs uploads (counted), never traffic or rows.
 Settings and the admin listener's limits: ``tests/observers/test_capture_s3_settings.py``.
@@ -123,7 +123,6 @@ def test_closed_files_are_uploaded_as_they_are(uploaded, s3_server):
 
 
 def test_s3a_reads_what_the_directory_holds(uploaded, spark, s3_env):
-    from kproxy.pipeline import tables as T
     from kproxy.pipeline.source import load_capture
     directory, bucket, prefix, counters = uploaded
     from kproxy.pipeline.s3_source import resolve
@@ -134,9 +133,9 @@ def test_s3a_reads_what_the_directory_holds(uploaded, spark, s3_env):
     assert all(f.startswith(f"s3a://{bucket}/{prefix}/{INSTANCE}/") for f in inputs.files)
     assert inputs.skipped == local_inputs.skipped                # the JSONL twins are set aside alike
     assert resolve(spark, [f"s3://{bucket}/{prefix}/"]).files == inputs.files
-    assert remote.count() == local.count() == counters["rows_written"]
-    assert remote.exceptAll(local).isEmpty() and local.exceptAll(remote).isEmpty()
-    assert T.api_latency(remote).collect() == T.api_latency(local).collect()
+    # A few dozen rows: compared whole on the driver (two jobs, not a count and two exceptAll each).
+    rows = [sorted(map(repr, frame.collect())) for frame in (remote, local)]
+    assert rows[0] == rows[1] and len(rows[0]) == counters["rows_written"]
 
 
 def test_no_captures_under_a_prefix_is_one_line(uploaded, spark, s3_env):
