@@ -60,3 +60,14 @@ def test_analyze_reads_the_aws_environment():
     assert "fs.s3a.endpoint" not in aws and "fs.s3a.access.key" not in aws
     assert aws["fs.s3a.endpoint.region"] == "eu-west-1"
     assert aws["fs.s3a.aws.credentials.provider"].endswith("DefaultCredentialsProvider")   # profiles too
+
+
+def test_a_full_upload_queue_leaves_files_local_and_counts_them():
+    """The writer never waits for the store: past queue_max_files a closed file is not queued."""
+    from kproxy.observers.capture.s3_upload import Uploader
+    capture = Capture(instance_name="t")
+    uploader = Uploader(S3Target("captures", queue_max_files=2), capture, "t")    # never started
+    for name in ("a", "b", "c", "d"):
+        uploader.submit(f"/nowhere/{name}.parquet")
+    assert capture.counters()["upload_dropped"] == 2 and uploader.queue.qsize() == 2
+    uploader.finish()                                # not running: returns at once

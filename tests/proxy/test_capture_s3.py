@@ -178,3 +178,27 @@ def test_the_whole_job_over_s3a_equals_the_local_one(uploaded, spark, s3_env, tm
         summary.pop("inputs", None)
         summary.pop("generated_at", None)
     assert summaries[0] == summaries[1]
+
+
+def test_delete_after_upload_deletes_only_what_the_store_took(s3_server, tmp_path, monkeypatch):
+    """The uploader alone (no kproxy): uploaded files are deleted, a missing one is counted."""
+    from kproxy.observers.capture import Capture
+    from kproxy.observers.capture.s3_upload import S3Target, Uploader
+    _aws_env(monkeypatch, s3_server, endpoint=False)
+    bucket = f"captures-{uuid.uuid4().hex[:8]}"
+    _client(s3_server).create_bucket(Bucket=bucket)
+    paths = [tmp_path / f"kproxy-capture-20261127T000000-00000{i}.jsonl" for i in range(3)]
+    for i, path in enumerate(paths[:2]):
+        path.write_bytes(b'{"capture_version":4}\n' * (i + 1))
+    capture = Capture(instance_name="pod-0")
+    uploader = Uploader(S3Target(bucket, "p", endpoint_url=s3_server.endpoint_url, delete_after_upload=True),
+                        capture, capture.instance_name)
+    uploader.open()
+    for path in paths:                               # the third was never written: gone before its turn
+        uploader.submit(str(path))
+    uploader.finish()
+    counters = capture.counters()
+    assert (counters["files_uploaded"], counters["upload_failed"], counters["upload_dropped"]) == (2, 1, 0)
+    assert not any(path.exists() for path in paths)
+    assert _objects(_client(s3_server), bucket, "p/") == {
+        f"p/pod-0/{path.name}": b'{"capture_version":4}\n' * (i + 1) for i, path in enumerate(paths[:2])}
