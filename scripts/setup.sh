@@ -7,8 +7,8 @@
 #   scripts/setup.sh demo   Java (the embedded Kafka broker, Spark) and Maven (only until the
 #                           broker's jars are cached); kproxy with the demo and analysis extras
 #   scripts/setup.sh test   all of the above, plus the tools the test suite drives: Prometheus
-#                           and promtool, tshark, Chromium, openssl; the test extra; both
-#                           Kafka lines' jars
+#                           and promtool, tshark, Chromium, openssl; the test and s3 extras;
+#                           both Kafka lines' jars; Spark's Kafka and S3A jars; s3proxy
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +18,7 @@ VENV=${VENV:-.venv}
 
 case "$PROFILE" in
     demo) extras=demo,analysis ;;
-    test) extras=test,demo,analysis ;;
+    test) extras=test,demo,analysis,s3 ;;
     *) echo "usage: scripts/setup.sh demo|test" >&2; exit 2 ;;
 esac
 
@@ -90,6 +90,10 @@ done
 # kproxy analyze kafka://... fetches it itself on first use). Skipped when cached.
 if [ "$PROFILE" = test ]; then
     "$VENV/bin/python" -m kproxy.pipeline.kafka_jars >/dev/null
+    # Hadoop's S3A for Spark, and s3proxy (a real S3-compatible server) for the tests of
+    # captures uploaded to object storage and read back over s3a://. Skipped when cached.
+    "$VENV/bin/python" -m kproxy.pipeline.s3_jars >/dev/null
+    "$VENV/bin/python" -m kproxy.embedded.s3proxy >/dev/null
 fi
 
 # A librdkafka of the line that crashes on a telemetry subscription naming none of its

@@ -33,7 +33,8 @@ from tests.soak import SOAK_OPTION, SOAK_TIMEOUT_MARGIN_S
 
 SKIP_BROKER_TESTS_ENV = "KPROXY_SKIP_BROKER_TESTS"
 
-BROKER_FIXTURES = frozenset({"kafka_cluster", "kafka3_cluster", "tansu_broker", "make_kafka_cluster", "require_kafka"})
+BROKER_FIXTURES = frozenset({"kafka_cluster", "kafka3_cluster", "tansu_broker", "make_kafka_cluster", "require_kafka",
+                             "s3_server"})
 
 
 def _skip_if_requested() -> None:
@@ -123,6 +124,20 @@ def kafka3_cluster() -> Iterator[KafkaCluster]:
     _require_kafka(KAFKA_3_VERSION)
     with KafkaCluster(version=KAFKA_3_VERSION, jvm_args=LIGHT_BROKER_JVM_ARGS) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """s3proxy (``kproxy.embedded.s3proxy``), a real S3-compatible server over a temporary directory."""
+    _skip_if_requested()
+    from kproxy.embedded.s3proxy import S3Proxy
+    try:
+        server = S3Proxy()
+        server.start()
+    except EmbeddedBrokerError as exc:
+        _unavailable(str(exc))
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

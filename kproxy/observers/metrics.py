@@ -1075,6 +1075,12 @@ CAPTURE_COUNTERS = {
                      "Capture rows dropped because the Kafka producer's queue was full"),
     "ship_failed": ("kproxy_capture_ship_failed_total",
                     "Capture rows the capture.kafka cluster did not acknowledge (errors, or at stop)"),
+    "files_uploaded": ("kproxy_capture_files_uploaded_total", "Closed capture files the capture.s3 store took"),
+    "uploaded_bytes": ("kproxy_capture_uploaded_bytes_total", "Bytes of capture files uploaded to capture.s3"),
+    "upload_failed": ("kproxy_capture_upload_failed_total",
+                      "Closed capture files not uploaded (refused, unreachable, deleted first, or at stop)"),
+    "upload_dropped": ("kproxy_capture_upload_dropped_total",
+                       "Closed capture files not queued for upload because queue_max_files were waiting"),
     "decompression_refused": ("kproxy_capture_decompression_refused_total",
                               "Compressed batches capture did not inflate past its bound (likely bombs)"),
 }

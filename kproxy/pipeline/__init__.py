@@ -12,6 +12,8 @@ it runs wherever the capture files are, on a laptop or a cluster.
   rebalances, slowest pairs, connection churn.
 - ``job``: runs them all, writes ``tables/<name>/`` Parquet and ``summary.json``;
   ``report``: ``report.html`` (self-contained, plots embedded) and ``plots/*.png``.
+- ``kafka_source`` / ``s3_source``: shipped rows in a topic, uploaded files in a bucket
+  (``kafka_jars`` / ``s3_jars``: their jars, fetched by Maven into kproxy's cache).
 - ``follow``: the Structured Streaming variant over a directory being written.
 - ``cli``: ``kproxy analyze``; ``submit.py``: the file to hand to ``spark-submit``.
 """

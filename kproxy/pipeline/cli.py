@@ -97,8 +97,9 @@ def add_arguments(sub) -> None:
 
 def configure(parser: argparse.ArgumentParser, default_master: str | None) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="capture file, capture directory, glob, Hadoop URI (s3a://, hdfs://), "
-                             "or a topic of shipped rows (kafka://HOST:PORT/TOPIC)")
+                        help="capture file, capture directory, glob, Hadoop URI (hdfs://), uploaded "
+                             "captures (s3a://BUCKET/PREFIX or s3://; endpoint and keys from the AWS_* "
+                             "environment), or a topic of shipped rows (kafka://HOST:PORT/TOPIC)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="where tables/, summary.json, report.html and plots/ go")
     parser.add_argument("--since", type=str, help="UTC start (ISO 8601), inclusive")
@@ -217,7 +218,7 @@ def run(args, master: str | None) -> int:
         print(f"kproxy analyze: error: PySpark is not installed: pip install '{DISTRIBUTION}[analysis]'",
               file=sys.stderr)
         return 2
-    from . import kafka_jars, kafka_source
+    from . import kafka_jars, kafka_source, s3_jars, s3_source
     from .job import Options, analyze
     from .jvm import ClassArchive, jit_options
     from .source import InputError, resolve_inputs
@@ -247,6 +248,13 @@ def run(args, master: str | None) -> int:
             kafka_source.one_input(args.paths)                        # fail fast, before Spark starts
             if master is not None:
                 jars = kafka_jars.connector_jars()
+        elif any(s3_source.is_s3(p) for p in args.paths):
+            s3_source.check_paths(args.paths)                         # fail fast, before Spark starts
+            if args.follow:
+                raise UsageError("--follow reads a local directory or a kafka:// topic, not s3a://")
+            if master is not None:
+                s3_jars.check_hadoop()
+                jars = s3_jars.s3a_jars()
         elif not args.follow:
             inputs = resolve_inputs(args.paths, options.fmt, options.since)   # fail fast, before Spark starts
         archive = ClassArchive.for_this_run() if master is not None and master.startswith("local") else None

@@ -3,8 +3,9 @@
 Settings from DESIGN.md that keep Spark quick on two cores: ``local[2]``, no UI,
 no console progress bar, two shuffle partitions, UTC, loopback only; and a C1-only JIT. Tests that
 use it get the ``spark`` marker, so ``pytest -m "not spark"`` leaves them out.
-Spark's Kafka connector (``kproxy.pipeline.kafka_jars``, fetched by setup.sh) is
-on its class path, for the tests that read shipped capture rows from a topic;
+Spark's Kafka connector (``kproxy.pipeline.kafka_jars``, fetched by setup.sh) and
+Hadoop's S3A (``s3_jars``) are on its class path, for the tests that read shipped
+capture rows from a topic or uploaded files from s3proxy;
 ``tests/proxy/test_capture_shipping.py`` imports this fixture, so there is still
 one session.
 """
@@ -36,8 +37,9 @@ def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)     # Python workers: this venv's interpreter
     from pyspark.sql import SparkSession
     from kproxy.pipeline.kafka_jars import connector_jars
+    from kproxy.pipeline.s3_jars import s3a_jars
     session = (SparkSession.builder.master("local[2]").appName("kproxy-tests")
-               .config("spark.jars", ",".join(connector_jars()))
+               .config("spark.jars", ",".join(connector_jars() + s3a_jars()))
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")

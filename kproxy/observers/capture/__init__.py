@@ -15,6 +15,8 @@ writes, so a slow or failing disk never slows traffic: a full queue drops
 - ``jsonl.py``, ``parquet.py`` (schema in ``SCHEMA.md``), ``pcapng.py``:
   the formats; ``files.py``: where files may go (under ``capture_root``, no
   symbolic links), 0600 files, rotation, a size cap over this capture's files only.
+- ``kafka_sink.py``: rows shipped to a Kafka topic; ``s3_upload.py``: closed files
+  uploaded to S3-compatible storage, from a thread of its own.
 - ``control.py``: admin-route helpers (root, record-data consent); ``cli.py``:
   ``kproxy capture show|stats``.
 """

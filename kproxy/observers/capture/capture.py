@@ -44,6 +44,10 @@ COUNTERS = (
     "rows_shipped",      # rows the capture.kafka cluster acknowledged (kafka_sink.py)
     "ship_dropped",      # rows refused because the producer's queue was full
     "ship_failed",       # rows the cluster did not take, or not before the capture stopped
+    "files_uploaded",    # closed files the capture.s3 store took (s3_upload.py)
+    "uploaded_bytes",    # their bytes
+    "upload_failed",     # closed files not uploaded: refused, unreachable, gone, or at stop
+    "upload_dropped",    # closed files not queued for upload: queue_max_files were waiting
 )
 
 class _Info(NamedTuple):

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from ...spelling import did_you_mean
 from .filters import CaptureFilter
 from .kafka_sink import KafkaTarget
+from .s3_upload import S3Target
 
 # "kafka": rows shipped to the topic of the ``kafka`` table instead of (or as well as) files.
 FORMATS = ("jsonl", "parquet", "pcapng", "kafka")
@@ -94,6 +95,7 @@ class CaptureConfig:
     parquet_flush_seconds: float = DEFAULT_PARQUET_FLUSH_SECONDS
     writer_cpu_share: float = DEFAULT_WRITER_CPU_SHARE
     kafka: KafkaTarget | None = None        # where the "kafka" format ships rows
+    s3: S3Target | None = None              # where closed files are uploaded (s3_upload.py)
 
     @property
     def file_formats(self) -> tuple[str, ...]:
@@ -132,6 +134,8 @@ class CaptureConfig:
                 raise ValueError(f"{key}.{name}: must be at most {_show(name, highest)}, got {value}")
         if not 0 < self.writer_cpu_share <= 1:
             raise ValueError(f"{key}.writer_cpu_share: must be in (0, 1], got {self.writer_cpu_share}")
+        if self.s3 is not None and not self.file_formats:
+            raise ValueError(f"{key}.s3: uploads closed files: needs a file format (jsonl, parquet, pcapng)")
         if "kafka" in self.formats and self.kafka is None:
             raise ValueError(f"{key}.formats: \"kafka\" needs the {key}.kafka table (bootstrap, topic)")
         if self.max_total_bytes < self.rotate_bytes * len(self.file_formats):
@@ -179,6 +183,8 @@ class CaptureConfig:
             elif name == "kafka":
                 values[name] = value if isinstance(value, KafkaTarget) else \
                     KafkaTarget.from_dict(value, f"{key}.kafka")
+            elif name == "s3":
+                values[name] = value if isinstance(value, S3Target) else S3Target.from_dict(value, f"{key}.s3")
             elif name == "formats":
                 values[name] = tuple(v.strip() for v in value.split(",")) if isinstance(value, str) \
                     else tuple(str(v) for v in value)
@@ -197,6 +203,7 @@ class CaptureConfig:
         out["formats"] = list(self.formats)
         out["filter"] = self.filter.to_dict()
         out["kafka"] = self.kafka.to_dict() if self.kafka is not None else None
+        out["s3"] = self.s3.to_dict() if self.s3 is not None else None
         return out
 
 

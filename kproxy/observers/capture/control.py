@@ -15,8 +15,8 @@ token before any of this runs): write outside ``root`` (the operator's
 ``capture_root``; a relative directory is taken under it, the root itself by
 default), capture record data unless the operator allowed it
 (``allow_record_data``, from ``capture_allow_record_data`` in the config), and
-name where rows are shipped (``kafka``: the operator's config alone says that,
-or an admin token would be enough to copy traffic to any cluster).
+name where rows or files are shipped (``kafka``, ``s3``: the operator's config
+alone says that, or an admin token would be enough to copy traffic anywhere).
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ def start_capture(capture: Capture, body: Mapping[str, Any] | None,
                   root: str | None, allow_record_data: bool = False) -> tuple[int, dict]:
     """200 + status; 400 bad settings; 403 refused by the operator's settings (no
     ``root``, or record data not allowed); 409 already running; 500 cannot create files."""
-    if body and "kafka" in body:
-        return 403, {"error": "capture.kafka: refused: where rows are shipped is set in kproxy's "
-                              "config only (the capture table or KPROXY_CAPTURE)"}
+    for key in ("kafka", "s3"):
+        if body and key in body:
+            return 403, {"error": f"capture.{key}: refused: where captures are shipped is set in "
+                                  f"kproxy's config only (the capture table or KPROXY_CAPTURE)"}
     merged: dict[str, Any] = defaults.to_dict() if defaults is not None else {}
     merged.update(body or {})
     try:

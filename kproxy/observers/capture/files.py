@@ -113,6 +113,7 @@ class FileSet:
         self.max_total_bytes = max_total_bytes
         self.counters = counters           # the Capture: files_opened / files_deleted
         self.open_paths: set[str] = set()
+        self.on_finished = None            # called with each file's path once it is closed whole (uploads)
         # name -> (st_dev, st_ino) of every file this session created and has not deleted,
         # oldest first: the only files the cap may count or delete.
         self.written: dict[str, tuple[int, int]] = {}
@@ -219,6 +220,8 @@ class RotatingSink:
         finally:
             self.files.closed(self.path)
             self.file = None
+        if self.files.on_finished is not None:
+            self.files.on_finished(self.path)
 
     def abandon(self) -> None:
         """Close without raising (after a disk error)."""

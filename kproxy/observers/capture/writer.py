@@ -97,6 +97,11 @@ class Writer(threading.Thread):
             from .kafka_sink import KafkaSink    # confluent-kafka only when rows are shipped
             self.kafka = KafkaSink(config.kafka, self.capture)
         self.sinks = [s for s in (self.jsonl, self.parquet, self.pcap, self.kafka) if s is not None]
+        self.uploader = None
+        if config.s3 is not None:
+            from .s3_upload import Uploader      # boto3 only when files are uploaded
+            self.uploader = Uploader(config.s3, self.capture, self.capture.instance_name)
+            self.files.on_finished = self.uploader.submit
         self.rows = self.jsonl is not None or self.parquet is not None or self.kafka is not None
         # With a topic filter a request's fate is known only with its response:
         # pcapng then writes both together.
@@ -110,6 +115,8 @@ class Writer(threading.Thread):
     def open_files(self) -> None:
         """Create the first file of every format (in the caller's thread: errors reach start())."""
         try:
+            if self.uploader is not None:
+                self.uploader.open()
             for sink in self.sinks:
                 sink.open()
             if self.files is not None:
@@ -117,6 +124,8 @@ class Writer(threading.Thread):
         except OSError:
             for sink in self.sinks:
                 sink.abandon()
+            if self.uploader is not None:
+                self.uploader.finish()
             raise
 
     def current_files(self) -> dict[str, str | None]:
@@ -168,6 +177,8 @@ class Writer(threading.Thread):
                 owed += (cpu - spent) * pause_per_cpu_s
             for sink in self.sinks:
                 sink.close()
+            if self.uploader is not None:
+                self.uploader.finish()
         except OSError as exc:
             self._fail(exc)
         except Exception as exc:                           # noqa: BLE001 - a bug: say so, stop cleanly
@@ -193,6 +204,8 @@ class Writer(threading.Thread):
                   where or self.config.directory, exc.strerror or exc)
         for sink in self.sinks:
             sink.abandon()
+        if self.uploader is not None:
+            self.uploader.finish()           # what closed whole before the error still goes
         discarded = 0
         while True:
             try:
