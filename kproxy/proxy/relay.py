@@ -181,6 +181,10 @@ class Endpoint(asyncio.BufferedProtocol):
         self._on_accept = on_accept
         self._room: memoryview | None = None
         self._in_place = False                   # that room is the tracker's, not the arena's
+        self._in_held = False                    # ... the rest of an answer held until whole
+        self._held_room: memoryview | None = None     # that room, whole (not cut to read_limit)
+        self._held_rest: memoryview | None = None     # what of it the next read may fill
+        self._broker_side = side == "broker"
         # Most bytes one read may take (a client's: see PIPELINED_READ_BYTES).
         self.read_limit = PIPELINED_READ_BYTES if side == "client" else READ_CHUNK
         self._paused_for: set[str] = set()
@@ -199,11 +203,23 @@ class Endpoint(asyncio.BufferedProtocol):
             self.task = asyncio.get_running_loop().create_task(self._on_accept(self))
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        room = self._held_rest
+        if room is not None:                     # the rest of the held answer the last read filled
+            self._held_rest = None
+            self._held_room = room
+            if len(room) > self.read_limit:
+                room = room[:self.read_limit]
+            self._room = room
+            return room
         # A large frame being assembled takes the read in place; else the arena does.
         relay = self.relay
         tracker = relay.tracker if relay is not None else None     # None once closed
         room = tracker.room(self.side) if tracker is not None else None
         self._in_place = room is not None
+        # Most reads of a large answer land in a held one: see buffer_updated.
+        self._in_held = room is not None and self._broker_side and tracker.holding_answer
+        if self._in_held:
+            self._held_room = room
         limit = self.read_limit
         budget = relay.budget if relay is not None else None
         if room is None and self.side == "broker" and budget is not None and budget.over_with_answers():
@@ -220,6 +236,13 @@ class Endpoint(asyncio.BufferedProtocol):
         return room
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._in_held:
+            if self.relay.filled_held_answer(nbytes):
+                # Counted: nothing to forward, observe or budget; the next read lands right after.
+                self._room = None
+                self._held_rest = self._held_room[nbytes:]
+                return
+            self._held_room = None               # a view keeps the arena from reusing its buffer
         data = self._room[:nbytes]
         self._room = None
         if not self._in_place:
@@ -242,7 +265,7 @@ class Endpoint(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc) -> None:
         self.lost = True
-        self._room = None
+        self._room = self._held_room = self._held_rest = None
         if self.relay is not None:
             self.relay.finish(CloseCause(CloseKind.SOCKET_ERROR, f"socket error: {exc}") if exc
                               else CLIENT_CLOSED if self.side == "client" else BROKER_CLOSED)
@@ -388,6 +411,16 @@ class Relay:
             self.done.set_result(None)
 
     # ------------------------------------------------------------ bytes (called by Endpoint)
+
+    def filled_held_answer(self, nbytes: int) -> bool:
+        """Bytes read into the held answer's room (``Endpoint.get_buffer``): True when they did
+        not complete it, and are only counted (what ``received`` would do with them, in a few
+        steps: a 1 MiB answer takes ~10 reads); False: give them to ``received``."""
+        if self.close_reason is not None or not self.tracker.filled_held_answer(nbytes):
+            return False
+        self.bytes_from_broker += nbytes
+        self.last_active = time.monotonic()
+        return True
 
     def received(self, endpoint: Endpoint, data: memoryview) -> None:
         if self.close_reason is not None:
