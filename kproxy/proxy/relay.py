@@ -72,6 +72,7 @@ from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, C
 from .local_requests import ClientSplit, LocalAnswers, LocalRequest
 from ..observers.contract import (BROKER_CLOSED, CANCELLED, CLIENT_CLOSED, CLIENT_DONE, UPSTREAM_UNREACHABLE,
                                   CloseCause, CloseKind, ConnectionInfo, Hook, HostPort, Observer)
+from .event_routes import EventRoutes
 from .log_budget import LogBudget
 from .memory import OVER_BUDGET_READ_BYTES, READ_CHUNK, BufferBudget, ReadArena, loop_buffer_budget, loop_read_arena, share_budget
 from .tls import certificate_subject
@@ -138,6 +139,15 @@ class RelayPolicy:
     unreachable_log: LogBudget = field(default_factory=lambda: unreachable_log_budget())
     # Requests kproxy answers itself, never forwarded (local_requests.py); None: all are forwarded.
     local: LocalAnswers | None = None
+    _routes: EventRoutes | None = field(default=None, repr=False)
+
+    def event_routes(self) -> EventRoutes:
+        """Which of ``observers`` take which events (shared by the listener's connections;
+        found again if the list changed)."""
+        routes = self._routes
+        if routes is None or routes.given != self.observers:
+            routes = self._routes = EventRoutes(self.observers)
+        return routes
 
 
 def bodies_needed(observers: Iterable[Observer]) -> Callable[[], bool]:
@@ -366,6 +376,7 @@ class Relay:
     client: Endpoint | None = None
     broker: Endpoint | None = None
     observers: list = field(default_factory=list)
+    routes: EventRoutes | None = None    # which of them take which events (None: all take all)
     done: asyncio.Future | None = None   # set by finish(); run_relay waits on it
     # Events not yet given to observers (more than a step's worth came at once), in order.
     _unobserved: deque | None = field(default=None, repr=False)
@@ -657,7 +668,8 @@ class Relay:
         """Give events to the observers: at once, or a step per turn of the loop if many."""
         if self._unobserved is None:
             if len(events) <= OBSERVER_EVENTS_PER_CHECK:
-                _notify(self.observers, self.info, events)
+                routes = self.routes
+                _notify(self.observers if routes is None else routes.to(events), self.info, events)
                 return
             self._unobserved = deque()
             self.client.pause("observers catching up")
@@ -674,7 +686,8 @@ class Relay:
         taken = 0
         while unobserved and taken < OBSERVER_EVENTS_PER_STEP:
             count = min(len(unobserved), OBSERVER_EVENTS_PER_CHECK, OBSERVER_EVENTS_PER_STEP - taken)
-            _notify(self.observers, self.info, [unobserved.popleft() for _ in range(count)])
+            batch = [unobserved.popleft() for _ in range(count)]
+            _notify(self._observers_of(batch), self.info, batch)
             taken += count
             if time.perf_counter() > ends:
                 break
@@ -684,11 +697,14 @@ class Relay:
         self._unobserved = None
         self.client.resume("observers catching up")
 
+    def _observers_of(self, events: list) -> list:
+        return self.observers if self.routes is None else self.routes.to(events)
+
     def observe_the_rest(self) -> None:
         """The connection ended: observers get every event before they hear of the close."""
         unobserved, self._unobserved = self._unobserved, None
         if unobserved:
-            _notify(self.observers, self.info, list(unobserved))
+            _notify(self.observers, self.info, list(unobserved))     # (rare: no routing)
 
     def eof(self, endpoint: Endpoint, half_close: bool = True) -> bool:
         """A side shut down its sending half; True keeps the socket open for writing
@@ -805,8 +821,10 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
                                transform=policy.transform, stream_frame_bytes=policy.stream_frame_bytes,
                                keep_bodies=bodies_needed(policy.observers), assemble=assemble)
-    # Those that take events (one with lifecycle hooks only says ``takes_events = False``).
-    relay.observers = [o for o in policy.observers if getattr(o, "takes_events", True)]
+    # Those that take events (one with lifecycle hooks only says ``takes_events = False``),
+    # each called for the APIs it takes now (``Interest``).
+    relay.routes = policy.event_routes()
+    relay.observers = relay.routes.observers
     if policy.local is not None:
         relay.local, relay.split = policy.local, ClientSplit(policy.local)
     relay.gate = policy.gate() if policy.gate is not None else None
