@@ -98,8 +98,9 @@ def main() -> int:
         relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
                                    transform=policy.transform, stream_frame_bytes=policy.stream_frame_bytes,
                                    keep_bodies=bodies_needed(policy.observers), assemble=assemble)
-        if hasattr(policy, "event_routes"):     # (trees before observers' interests: all take all)
-            relay.routes = policy.event_routes()
+        from kproxy.proxy import relay as relay_module
+        if hasattr(relay_module, "listener_routes"):     # (trees before observers' interests: all take all)
+            relay.routes = relay_module.listener_routes(policy)
         relay.observers = [o for o in policy.observers if getattr(o, "takes_events", True)]
     if args.policy:
         from kproxy.policy import load_policy

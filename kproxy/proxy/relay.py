@@ -131,6 +131,7 @@ class RelayPolicy:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     stream_frame_bytes: int | None = STREAM_FRAME_BYTES   # None: keep every frame whole
     connect_timeout: float = 10.0
+    routes: EventRoutes | None = field(default=None, repr=False)     # see listener_routes
     # The context for a new upstream connection (the newest, as TLS files are reloaded); None: plaintext.
     upstream_ssl: Callable[[], ssl.SSLContext | None] | None = None
     upstream_check_hostname: bool = True
@@ -139,15 +140,6 @@ class RelayPolicy:
     unreachable_log: LogBudget = field(default_factory=lambda: unreachable_log_budget())
     # Requests kproxy answers itself, never forwarded (local_requests.py); None: all are forwarded.
     local: LocalAnswers | None = None
-    _routes: EventRoutes | None = field(default=None, repr=False)
-
-    def event_routes(self) -> EventRoutes:
-        """Which of ``observers`` take which events (shared by the listener's connections;
-        found again if the list changed)."""
-        routes = self._routes
-        if routes is None or routes.given != self.observers:
-            routes = self._routes = EventRoutes(self.observers)
-        return routes
 
 
 def bodies_needed(observers: Iterable[Observer]) -> Callable[[], bool]:
@@ -162,6 +154,15 @@ def bodies_needed(observers: Iterable[Observer]) -> Callable[[], bool]:
         except Exception:                        # noqa: BLE001 - keeping frames whole is the safe side
             return True
     return needed
+
+
+def listener_routes(policy: RelayPolicy) -> EventRoutes:
+    """Which of a listener's observers take which events: shared by its connections, found
+    again if its list of observers changed."""
+    routes = policy.routes
+    if routes is None or routes.given != policy.observers:
+        routes = policy.routes = EventRoutes(policy.observers)
+    return routes
 
 
 def unreachable_log_budget() -> LogBudget:
@@ -813,6 +814,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
     relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened,
                                 certificate_subject(client.get_extra_info("peercert")), via)
     relay.budget = budget = loop_buffer_budget()
+    relay.routes = listener_routes(policy)     # the observers, each for the APIs it takes now
     arena = client.arena
 
     def assemble(nbytes: int, start) -> tuple[bytearray, int] | None:
@@ -821,10 +823,8 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
     relay.tracker = Connection(max_frame_size=policy.max_frame_size, hold=policy.hold,
                                transform=policy.transform, stream_frame_bytes=policy.stream_frame_bytes,
                                keep_bodies=bodies_needed(policy.observers), assemble=assemble)
-    # Those that take events (one with lifecycle hooks only says ``takes_events = False``),
-    # each called for the APIs it takes now (``Interest``).
-    relay.routes = policy.event_routes()
-    relay.observers = relay.routes.observers
+    # Those that take events (one with lifecycle hooks only says ``takes_events = False``).
+    relay.observers = [o for o in policy.observers if getattr(o, "takes_events", True)]
     if policy.local is not None:
         relay.local, relay.split = policy.local, ClientSplit(policy.local)
     relay.gate = policy.gate() if policy.gate is not None else None
