@@ -35,6 +35,7 @@ class _Transport:
     def pause_reading(self): pass
     def resume_reading(self): pass
     def is_closing(self): return False
+    def get_write_buffer_size(self): return 0
     def get_extra_info(self, *args): return None
     def get_write_buffer_size(self): return 0
     def set_write_buffer_limits(self, high=None, low=None): pass

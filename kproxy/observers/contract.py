@@ -3,9 +3,10 @@
 An observer is a callable ``observer(info, events)``, given each connection's codec
 events (``protocol.connection``) after their bytes were forwarded; ``info`` is the
 connection's ``ConnectionInfo``. It may also define any of the ``Hook`` methods
-(lifecycle), ``needs_bodies()`` (keep large frames whole for it now) and
-``takes_events = False`` (hooks only). Failures are isolated: an observer that raises is
-logged once and otherwise ignored.
+(lifecycle), ``needs_bodies()`` (keep large frames whole for it now),
+``takes_events = False`` (hooks only) and ``interest`` (an ``Interest``: the APIs whose
+events it wants now; the relay calls it for no others). Failures are isolated: an observer
+that raises is logged once and otherwise ignored.
 
 A close is a ``CloseCause``: its ``kind`` is what is counted (the ``reason`` label of
 ``kproxy_connections_closed_total``), its ``text`` what is logged. Both are decided
@@ -43,6 +44,34 @@ class ConnectionInfo:
 
 
 Observer = Callable[[ConnectionInfo, Iterable[Event]], None]
+
+
+class Interest:
+    """The API keys whose events an observer wants now (``None``: every event), kept by the
+    observer as its needs change (a capture starts, a page opens). The relay skips calling an
+    observer for events of other APIs, which it would only have looked at and ignored: an
+    observer that is idle costs nothing per pair. A hint, not a filter: an observer may still
+    be given other events (a batch that mixes APIs goes to every observer) and ignores them."""
+
+    __slots__ = ("api_keys",)
+    # Bumped by every change of any observer's interest: routes computed before are stale.
+    # (One number for all: interests change a few times a minute, events thousands of times a second.)
+    generation = 0
+
+    def __init__(self, api_keys: frozenset[int] | None = None):
+        self.api_keys = api_keys
+
+    def set(self, api_keys: frozenset[int] | None) -> None:
+        if api_keys != self.api_keys:
+            self.api_keys = api_keys
+            Interest.generation += 1
+
+    def wants(self, api_key: int | None) -> bool:
+        """``api_key`` None: an event of no single API (a SASL token, a malformed frame, a mix)."""
+        return self.api_keys is None or api_key is None or api_key in self.api_keys
+
+
+NO_EVENTS: frozenset[int] = frozenset()
 
 
 class CloseKind(enum.Enum):

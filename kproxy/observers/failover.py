@@ -27,6 +27,7 @@ from ..protocol.failover import (FETCH_KEY, METADATA_KEY, PRODUCE_KEY, ClientKey
                                  FailoverTracker, LeaderBook, any_error, partition_answers)
 from ..protocol.api_keys import ApiKey
 from ..protocol.sasl import SaslPrincipal
+from .contract import Interest
 
 log = logging.getLogger("kproxy.failover")
 
@@ -66,6 +67,7 @@ class Failovers:
         self._conns: dict[int, _Conn] = {}
         self._names: dict[str, str] = {}
         self._wall_offset = time.time() - time.monotonic()
+        self.interest = Interest(frozenset(map(int, LOOKED_AT)))
 
     def __call__(self, info, events) -> None:
         for event in events:

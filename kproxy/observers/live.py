@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterator, Mapping
 from ..protocol.client_software import ClientSoftware, software_named
 from ..protocol.connection import RequestReceived, ResponseReceived
 from ..protocol.api_keys import ApiKey
-from .contract import CloseCause
+from .contract import CloseCause, Interest
 from .capture.filters import CaptureFilter, header_client_id
 from .capture.jsonl import json_form
 from .capture.pcapng import stream_file
@@ -94,6 +94,8 @@ ROW_TOPICS = 10
 # Latency histogram for p99: 0.05 ms to ~60 s, 25% apart (p99 is exact to that).
 LATENCY_EDGES_MS = tuple(0.05 * 1.25 ** i for i in range(64))
 _ITEM_OVERHEAD = 200
+# What the live view reads while nobody watches: ApiVersions answers (a connection's software).
+_INVENTORY_APIS = frozenset({int(ApiKey.API_VERSIONS)})
 _STOP = object()
 
 
@@ -312,6 +314,8 @@ class LiveView:
         self.watchers = 0                 # viewers plus open overview polls: >0 means "watched"
         self.watched = False              # the hot path's one check
         self._learning: set[int] = set()  # connections whose first request is still to come
+        # Every event while watched or learning a connection's client_id; else ApiVersions only.
+        self.interest = Interest(_INVENTORY_APIS)
         self._clients: dict[int, _Client] = {}
         self._closed: deque = deque(maxlen=INVENTORY_CLOSED)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -361,6 +365,7 @@ class LiveView:
     def connection_opened(self, info) -> None:
         self._clients[info.id] = _Client(info)
         self._learning.add(info.id)
+        self.interest.set(None)
 
     def topic_named(self, topic_id, name: str) -> None:
         """Hook: kproxy asked the broker for a topic id's name (``proxy.topic_names``). A dict
@@ -371,6 +376,7 @@ class LiveView:
 
     def connection_closed(self, info, reason: CloseCause | None = None, in_flight: int | None = None) -> None:
         self._learning.discard(info.id)
+        self._update_interest()
         client = self._clients.pop(info.id, None)
         if client is not None:
             client.closed = time.time()
@@ -382,6 +388,7 @@ class LiveView:
             if event.__class__ is not RequestReceived:
                 continue
             self._learning.discard(info.id)
+            self._update_interest()
             client = self._clients.get(info.id)
             if client is not None:
                 client.client_id = header_client_id(event.frame)
@@ -431,6 +438,7 @@ class LiveView:
             self._window = _Window()
         self.watchers += 1
         self.watched = True
+        self.interest.set(None)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="kproxy-live", daemon=True)
             self._thread.start()
@@ -438,15 +446,20 @@ class LiveView:
     def unwatch(self) -> None:
         self.watchers = max(self.watchers - 1, 0)
         self.watched = self.watchers > 0
+        self._update_interest()
         if not self.watched:                 # nobody left to click a pair: let its frames go
             with self._recent_lock:
                 self._recent.clear()
                 self._recent_bytes = 0
 
+    def _update_interest(self) -> None:
+        self.interest.set(None if self.watched or self._learning else _INVENTORY_APIS)
+
     def close(self) -> None:
         """Stop: streams end, the thread exits."""
         self.closed = True
         self.watched = False
+        self._update_interest()
         if self._thread is not None:
             self._queue.put(_STOP)
             self._thread.join(5)

@@ -480,6 +480,14 @@ class _Framer:
         self._filled = filled
         return True
 
+    def filled_in_place(self, nbytes: int) -> bool:
+        """``fills_in_place`` for ``nbytes`` known to have been read into ``room()``."""
+        filled = self._filled + nbytes
+        if filled >= self._total:
+            return False
+        self._filled = filled
+        return True
+
     @property
     def reserved(self) -> int:
         """Bytes of the buffer the frame is being assembled in beyond those that arrived:
@@ -840,7 +848,7 @@ class Connection:
         self._broker = _Framer(max_frame_size, "broker", assemble, gather_from)
         self._broker_passed = 0      # bytes of the broker's incomplete frame already forwarded
         self._broker_waiting = b""   # its first bytes, held back until the correlation id is in
-        self._broker_holding = False  # it is held (forwarded once complete, maybe rewritten)
+        self.holding_answer = False  # it is held (forwarded once complete, maybe rewritten); read-only outside
         self._pending: deque[RequestReceived] = deque()
         self._sasl_mechanism: str | None = None
         self._raw_sasl_rounds: int | None = None     # None: not in raw-token mode
@@ -1042,12 +1050,12 @@ class Connection:
             tail_action = self._broker_tail_action()
             self._broker_passed = tail if tail_action is _PASS else 0
             self._broker_waiting = framer.buffered_bytes() if tail_action is _WAIT else b""
-            self._broker_holding = tail_action is _HOLD
+            self.holding_answer = tail_action is _HOLD
         else:
             tail_action = _PASS
             self._broker_passed = 0
             self._broker_waiting = b""
-            self._broker_holding = False
+            self.holding_answer = False
         if not any_held:
             if tail_action is _PASS:
                 return events, ([waiting, data] if waiting else [data])
@@ -1092,10 +1100,16 @@ class Connection:
         no event (the relay still forwards it)."""
         return self._client.fills_in_place(data)
 
+    def filled_held_answer(self, nbytes: int) -> bool:
+        """``nbytes`` were read into ``room("broker")`` while ``holding_answer``: True when they
+        did not complete the answer (counted; nothing to forward or observe), False when the
+        bytes must go to ``relay_broker`` as usual (a view of that room)."""
+        return self._broker.filled_in_place(nbytes)
+
     def fills_held_answer(self, data) -> bool:
         """Whether ``data`` (from the broker) was read into ``room("broker")`` of a held answer
         without completing it: then it is counted, and ``relay_broker`` would return nothing."""
-        return self._broker_holding and self._broker.fills_in_place(data)
+        return self.holding_answer and self._broker.fills_in_place(data)
 
     def _held(self, request: RequestReceived) -> bool:
         return self._hold is not None and self._hold(request.api_key, request.api_version)

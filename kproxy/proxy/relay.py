@@ -73,6 +73,7 @@ from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, C
 from .local_requests import ClientSplit, LocalAnswers, LocalRequest
 from ..observers.contract import (BROKER_CLOSED, CANCELLED, CLIENT_CLOSED, CLIENT_DONE, UPSTREAM_UNREACHABLE,
                                   CloseCause, CloseKind, ConnectionInfo, Hook, HostPort, Observer)
+from .event_routes import EventRoutes
 from .log_budget import LogBudget
 from .fairness import FairShare, loop_fair_share
 from .memory import OVER_BUDGET_READ_BYTES, READ_CHUNK, BufferBudget, ReadArena, loop_buffer_budget, loop_read_arena, share_budget
@@ -130,6 +131,7 @@ class RelayPolicy:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     stream_frame_bytes: int | None = STREAM_FRAME_BYTES   # None: keep every frame whole
     connect_timeout: float = 10.0
+    routes: EventRoutes | None = field(default=None, repr=False)     # see listener_routes
     # The context for a new upstream connection (the newest, as TLS files are reloaded); None: plaintext.
     upstream_ssl: Callable[[], ssl.SSLContext | None] | None = None
     upstream_check_hostname: bool = True
@@ -151,6 +153,15 @@ def bodies_needed(observers: Iterable[Observer]) -> Callable[[], bool]:
         except Exception:                        # noqa: BLE001 - keeping frames whole is the safe side
             return True
     return needed
+
+
+def listener_routes(policy: RelayPolicy) -> EventRoutes:
+    """Which of a listener's observers take which events: shared by its connections, found
+    again if its list of observers changed."""
+    routes = policy.routes
+    if routes is None or routes.given != policy.observers:
+        routes = policy.routes = EventRoutes(policy.observers)
+    return routes
 
 
 def unreachable_log_budget() -> LogBudget:
@@ -180,6 +191,10 @@ class Endpoint(asyncio.BufferedProtocol):
         self._on_accept = on_accept
         self._room: memoryview | None = None
         self._in_place = False                   # that room is the tracker's, not the arena's
+        self._in_held = False                    # ... the rest of an answer held until whole
+        self._held_room: memoryview | None = None     # that room, whole (not cut to read_limit)
+        self._held_rest: memoryview | None = None     # what of it the next read may fill
+        self._broker_side = side == "broker"
         # Most bytes one read may take (a client's: see PIPELINED_READ_BYTES).
         self.read_limit = PIPELINED_READ_BYTES if side == "client" else READ_CHUNK
         self._paused_for: set[str] = set()
@@ -198,11 +213,23 @@ class Endpoint(asyncio.BufferedProtocol):
             self.task = asyncio.get_running_loop().create_task(self._on_accept(self))
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        room = self._held_rest
+        if room is not None:                     # the rest of the held answer the last read filled
+            self._held_rest = None
+            self._held_room = room
+            if len(room) > self.read_limit:
+                room = room[:self.read_limit]
+            self._room = room
+            return room
         # A large frame being assembled takes the read in place; else the arena does.
         relay = self.relay
         tracker = relay.tracker if relay is not None else None     # None once closed
         room = tracker.room(self.side) if tracker is not None else None
         self._in_place = room is not None
+        # Most reads of a large answer land in a held one: see buffer_updated.
+        self._in_held = room is not None and self._broker_side and tracker.holding_answer
+        if self._in_held:
+            self._held_room = room
         limit = self.read_limit
         budget = relay.budget if relay is not None else None
         if room is None and self.side == "broker" and budget is not None and budget.over_with_answers():
@@ -219,6 +246,13 @@ class Endpoint(asyncio.BufferedProtocol):
         return room
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._in_held:
+            if self.relay.filled_held_answer(nbytes):
+                # Counted: nothing to forward, observe or budget; the next read lands right after.
+                self._room = None
+                self._held_rest = self._held_room[nbytes:]
+                return
+            self._held_room = None               # a view keeps the arena from reusing its buffer
         data = self._room[:nbytes]
         self._room = None
         if not self._in_place:
@@ -241,7 +275,7 @@ class Endpoint(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc) -> None:
         self.lost = True
-        self._room = None
+        self._room = self._held_room = self._held_rest = None
         if self.relay is not None:
             self.relay.finish(CloseCause(CloseKind.SOCKET_ERROR, f"socket error: {exc}") if exc
                               else CLIENT_CLOSED if self.side == "client" else BROKER_CLOSED)
@@ -342,6 +376,7 @@ class Relay:
     client: Endpoint | None = None
     broker: Endpoint | None = None
     observers: list = field(default_factory=list)
+    routes: EventRoutes | None = None    # which of them take which events (None: all take all)
     done: asyncio.Future | None = None   # set by finish(); run_relay waits on it
     # Events not yet given to observers (more than a step's worth came at once), in order.
     _unobserved: deque | None = field(default=None, repr=False)
@@ -387,6 +422,16 @@ class Relay:
             self.done.set_result(None)
 
     # ------------------------------------------------------------ bytes (called by Endpoint)
+
+    def filled_held_answer(self, nbytes: int) -> bool:
+        """Bytes read into the held answer's room (``Endpoint.get_buffer``): True when they did
+        not complete it, and are only counted (what ``received`` would do with them, in a few
+        steps: a 1 MiB answer takes ~10 reads); False: give them to ``received``."""
+        if self.close_reason is not None or not self.tracker.filled_held_answer(nbytes):
+            return False
+        self.bytes_from_broker += nbytes
+        self.last_active = time.monotonic()
+        return True
 
     def received(self, endpoint: Endpoint, data: memoryview) -> None:
         if self.close_reason is not None:
@@ -575,7 +620,8 @@ class Relay:
         with neither socket read meanwhile (what waits is bounded by one read of each)."""
         if self._unobserved is None:
             if len(events) <= OBSERVER_EVENTS_PER_CHECK:
-                _notify(self.observers, self.info, events)
+                routes = self.routes
+                _notify(self.observers if routes is None else routes.to(events), self.info, events)
                 return
             self._unobserved = deque(events)
             self.client.pause("observers catching up")
@@ -590,7 +636,8 @@ class Relay:
         if unobserved is None:                   # closed meanwhile: observe_the_rest took them
             return False
         count = min(most, len(unobserved))
-        _notify(self.observers, self.info, [unobserved.popleft() for _ in range(count)])
+        batch = [unobserved.popleft() for _ in range(count)]
+        _notify(self._observers_of(batch), self.info, batch)
         if unobserved:
             return True
         self._unobserved = None
@@ -612,11 +659,14 @@ class Relay:
         except (asyncio.TimeoutError, asyncio.CancelledError):
             pass                                 # observe_the_rest takes what is left
 
+    def _observers_of(self, events: list) -> list:
+        return self.observers if self.routes is None else self.routes.to(events)
+
     def observe_the_rest(self) -> None:
         """The connection ended: observers get every event before they hear of the close."""
         unobserved, self._unobserved = self._unobserved, None
         if unobserved:
-            _notify(self.observers, self.info, list(unobserved))
+            _notify(self.observers, self.info, list(unobserved))     # (rare: no routing)
 
     def eof(self, endpoint: Endpoint, half_close: bool = True) -> bool:
         """A side shut down its sending half; True keeps the socket open for writing
@@ -726,6 +776,7 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
                                 certificate_subject(client.get_extra_info("peercert")), via)
     relay.budget = budget = loop_buffer_budget()
     relay.share = loop_fair_share()
+    relay.routes = listener_routes(policy)     # the observers, each for the APIs it takes now
     arena = client.arena
 
     def assemble(nbytes: int, start) -> tuple[bytearray, int] | None:

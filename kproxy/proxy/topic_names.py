@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from ..protocol import OpaqueBody, Struct, new_body
 from ..protocol.api_keys import ApiKey
 from ..protocol.connection import RequestReceived, ResponseReceived
+from ..observers.contract import Interest
 from .log_budget import LogBudget
 from .own_requests import _ASK_FAILURES, OwnRequests, _failure
 from .relay import notify_hook
@@ -70,6 +71,7 @@ class TopicNameLookup:
         self._next_question = float("-inf")
         self._failure_log = LogBudget(FAILURE_LOG_INTERVAL_S, 1)
         self.questions = 0               # questions asked (tests and debugging)
+        self.interest = Interest(frozenset({FETCH_KEY, PRODUCE_KEY, METADATA_KEY}))
 
     # ------------------------------------------------------------ observer (event loop)
 

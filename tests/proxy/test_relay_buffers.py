@@ -269,23 +269,32 @@ def test_a_held_answer_read_in_place_goes_out_whole_once_and_the_budget_counts_i
     from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
 
     async def scenario(relay, client, broker):
-        request = encode_request(Request(1, 16, 7, "t", new_body("request", 1, 16, max_bytes=1 << 20)))
-        _read_into(client, struct.pack(">i", len(request)) + request)
-        assert broker.transport.written[4:] == request
-        partition = Struct(partition_index=0, high_watermark=10, records=b"r" * (600 * 1024))
-        answer = encode_response(Response(7, new_body("response", 1, 16, responses=[
-            Struct(partitions=[partition])])), 1, 16)
-        frame = struct.pack(">i", len(answer)) + answer
         budget = relay.budget
+        sent = 0
+        # Twice: the second answer's reads must land in its own buffer, not after the first's.
+        for correlation_id, fill, cuts in ((7, b"r", [100 * 1024, 300 * 1024, 500 * 1024]),
+                                           (8, b"s", [4, 64 * 1024, 65 * 1024, 590 * 1024])):
+            request = encode_request(Request(1, 16, correlation_id, "t",
+                                             new_body("request", 1, 16, max_bytes=1 << 20)))
+            broker.transport.written.clear()
+            _read_into(client, struct.pack(">i", len(request)) + request)
+            assert broker.transport.written[4:] == request
+            partition = Struct(partition_index=0, high_watermark=10, records=fill * (600 * 1024))
+            answer = encode_response(Response(correlation_id, new_body("response", 1, 16, responses=[
+                Struct(partitions=[partition])])), 1, 16)
+            frame = struct.pack(">i", len(answer)) + answer
+            client.transport.written.clear()
+            client.transport.writes = 0
 
-        def between():
-            assert client.transport.writes == 0                 # held until complete
-            # all of it accounted for, and the rest of the buffer it is assembled in
-            assert len(frame) <= budget.held + budget.reserved <= IN_PLACE_MIN_SHARE * len(frame)
-        _in_reads(broker, frame, [100 * 1024, 300 * 1024, 500 * 1024], between)
-        assert bytes(client.transport.written) == frame and client.transport.writes == 1
-        assert budget.held == budget.reserved == 0
-        assert relay.bytes_from_broker == len(frame) == relay.bytes_to_client
+            def between():
+                assert client.transport.writes == 0                 # held until complete
+                # all of it accounted for, and the rest of the buffer it is assembled in
+                assert len(frame) <= budget.held + budget.reserved <= IN_PLACE_MIN_SHARE * len(frame)
+            _in_reads(broker, frame, cuts, between)
+            assert bytes(client.transport.written) == frame and client.transport.writes == 1
+            assert budget.held == budget.reserved == 0
+            sent += len(frame)
+            assert relay.bytes_from_broker == sent == relay.bytes_to_client
 
     _relayed(monkeypatch, scenario)
 

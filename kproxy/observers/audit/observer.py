@@ -26,7 +26,7 @@ from ...protocol.connection import RequestReceived, ResponseReceived
 from ...protocol.pair_fields import pair_fields
 from ...protocol.api_keys import ApiKey
 from ...protocol.sasl import SaslPrincipal
-from ..contract import CloseCause
+from ..contract import NO_EVENTS, CloseCause, Interest
 from .config import AuditConfig
 from .events import (AUDITED_APIS, WATCHED_APIS, Who, build_event,
                      is_outside_commit)
@@ -93,6 +93,7 @@ class Audit:
         self._wall_offset = time.time() - time.monotonic()
         self._logged_failure = False
         self._recent: deque = deque(maxlen=RECENT_EVENTS)     # appended by the writer thread
+        self.interest = Interest(NO_EVENTS)     # the APIs it records while started
 
     # ------------------------------------------------------------ hooks (event loop thread)
 
@@ -143,6 +144,7 @@ class Audit:
             os.makedirs(directory, exist_ok=True)
             self._file = _AuditFile(self.config.path, self.config.rotate_bytes, self.config.keep)
         self._active = True
+        self.interest.set(frozenset(map(int, LOOKED_AT)))
         self._thread = threading.Thread(target=self._run, name="kproxy-audit", daemon=True)
         self._thread.start()
 
@@ -151,6 +153,7 @@ class Audit:
         if not self._active:
             return
         self._active = False
+        self.interest.set(NO_EVENTS)
         self._queue.put(_STOP)
         if self._thread is not None:
             self._thread.join(timeout)

@@ -20,7 +20,7 @@ import socket
 import threading
 from typing import Any, NamedTuple
 
-from ..contract import CloseCause
+from ..contract import NO_EVENTS, CloseCause, Interest
 from .config import CaptureConfig
 from .redact import decompression_refused
 from .session import Session
@@ -79,6 +79,8 @@ class Capture:
         self._control = threading.Lock()
         # Topic id -> name kproxy asked the broker for (``topic_named``): every capture starts with them.
         self.learned_topic_names: dict[str, str] = {}
+        # Every event while a capture runs, none otherwise (the relay does not call it then).
+        self.interest = Interest(NO_EVENTS)
 
     # ------------------------------------------------------------ hooks (event loop thread)
 
@@ -132,6 +134,7 @@ class Capture:
             session = Session(self, config)
             session.start()
             self._session = session
+            self.interest.set(None)
         return self.status()
 
     def stop(self, timeout: float = 30.0) -> dict:
@@ -141,6 +144,7 @@ class Capture:
             session = self._session
             if session is not None and session.writer.is_alive():
                 session.stop(timeout)
+            self.interest.set(NO_EVENTS)
         return self.status()
 
     def counters(self) -> dict[str, int]:
