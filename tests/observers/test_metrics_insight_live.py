@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from kproxy.embedded.kafka import tools_version
+from tests.background_tool import BackgroundTool
 from tests.observers.metrics import WAIT_S, sample, scrape, unique, scrape_until
 from tests.proxy.harness import ProxyThread
 
@@ -164,27 +166,13 @@ def test_a_second_kip848_consumer_bumps_the_group_epoch(proxy):
 
 def test_inventory_names_the_java_client(proxy, kafka_cluster):
     """Kafka's own console consumer (kafka-clients of the broker's release), kept connected."""
-    import threading
-
-    from kproxy.embedded.kafka import run_tool, tools_version
-
     topic = unique("inv-java")
     _create_topic(proxy, topic, 1)
-    done = threading.Event()
-
-    def consume():
-        try:        # no records: it stays connected until its timeout, then exits (status not checked)
-            run_tool(kafka_cluster, kafka_cluster.tools.console_consumer, "--bootstrap-server",
-                     proxy.bootstrap, "--topic", topic, "--timeout-ms", "20000", check=False, timeout=120)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=consume, daemon=True)
-    thread.start()
-    try:
-        m = scrape_until(lambda m: done.is_set() or any(name == "apache-kafka-java" for name, _ in software_series(m)),
-                     "the Java client in the inventory", proxy, timeout=90)
+    # No records: it stays connected (its idle timeout only bounds it) and is stopped once seen.
+    with BackgroundTool(kafka_cluster, kafka_cluster.tools.console_consumer, "--bootstrap-server",
+                        proxy.bootstrap, "--topic", topic, "--timeout-ms", "90000") as consumer:
+        m = scrape_until(lambda m: consumer.process.poll() is not None
+                         or any(name == "apache-kafka-java" for name, _ in software_series(m)),
+                         "the Java client in the inventory", proxy, timeout=90)
         java = ("apache-kafka-java", tools_version(kafka_cluster.version))     # the tools' kafka-clients
-        assert java in software_series(m), software_series(m)
-    finally:
-        thread.join(120)
+        assert java in software_series(m), (software_series(m), consumer.stderr()[-2000:])

@@ -164,6 +164,12 @@ def test_a_low_client_quota_shows_up_as_throttle(kafka_cluster, proxy):
     assert sample(m, "kproxy_throttle_time_seconds_count", api="Produce") >= throttled
 
 
+# Long enough for a rate over several one-second scrapes; was 8 s, and 5 still gives a
+# four-second window of four or five samples.
+PRODUCE_FOR_S = 5
+SCRAPED_WITHIN_S = 30       # Prometheus scrapes every second; a loaded machine delays it
+
+
 def test_prometheus_scrapes_kproxy_and_promql_sees_the_rate(proxy, tmp_path):
     prometheus = shutil.which("prometheus")
     if prometheus is None:
@@ -206,7 +212,7 @@ def test_prometheus_scrapes_kproxy_and_promql_sees_the_rate(proxy, tmp_path):
         before = sample(scrape(proxy), "kproxy_requests_total", api="Produce")
         start = time.time()
         sent = 0
-        while time.time() - start < 8:                 # ~10 Produce requests per second
+        while time.time() - start < PRODUCE_FOR_S:     # ~10 Produce requests per second
             producer.produce(topic, value=b"tick")
             producer.flush(10)
             sent += 1
@@ -214,9 +220,14 @@ def test_prometheus_scrapes_kproxy_and_promql_sees_the_rate(proxy, tmp_path):
         end = time.time()
         produced = sample(scrape(proxy), "kproxy_requests_total", api="Produce") - before
         assert produced >= sent
-        time.sleep(2.5)                                # let two more scrapes land
-        total = query('kproxy_requests_total{api="Produce"}')
-        assert float(total[0]["value"][1]) == before + produced
+        # Until a scrape after the last request has landed (one a second).
+        deadline = time.monotonic() + SCRAPED_WITHIN_S
+        while True:
+            total = query('kproxy_requests_total{api="Produce"}')
+            if (total and float(total[0]["value"][1]) == before + produced) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert total and float(total[0]["value"][1]) == before + produced, total
         window = int(end - start) - 1
         rate = float(query(f'rate(kproxy_requests_total{{api="Produce"}}[{window}s])', at=end)[0]["value"][1])
         expected = produced / (end - start)

@@ -18,7 +18,12 @@ import sys
 import pytest
 
 from kproxy.pipeline.cli import LOG4J_CONFIG
+from kproxy.pipeline.job import Options
 from kproxy.pipeline.synthetic import write_synthetic
+
+# The one whole job over ``synthetic_capture`` (test_tables checks its tables, test_report
+# renders its report in Chromium): five-minute windows, the 15 slowest pairs, with the report.
+SYNTHETIC_OPTIONS = Options(window_seconds=300, top=15)
 
 # C1 only: the tests run many small, different queries, so the driver's code is compiled
 # often and run little; it cut the JVM's CPU over test_tables.py from 98 to 70 s.
@@ -57,3 +62,12 @@ def synthetic_capture(tmp_path_factory):
     directory = tmp_path_factory.mktemp("synthetic-capture")
     write_synthetic(str(directory), 20_000, files=4, seed=7)
     return directory
+
+
+@pytest.fixture(scope="session")
+def synthetic_analysis(spark, synthetic_capture, tmp_path_factory):
+    """``analyze`` of ``synthetic_capture`` with SYNTHETIC_OPTIONS, run once for the session: a
+    whole job costs ten seconds, and the tables and the report are checked by separate tests."""
+    from kproxy.pipeline import analyze
+    out = tmp_path_factory.mktemp("synthetic-analysis")
+    return analyze(spark, [str(synthetic_capture)], str(out), SYNTHETIC_OPTIONS)

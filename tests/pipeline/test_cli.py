@@ -163,3 +163,17 @@ def test_a_bad_policy_file_is_one_line_naming_rule_and_key(tmp_path):
     rules.write_text('[rules.named]\ncheck = "client_id"\npattern = "(a)\\\\1"\n')
     one_error_line(analyze_cli(str(tmp_path), "--out", str(tmp_path / "out"), "--policy", str(rules)),
                    f"policy file {rules}: rules.named.pattern:")
+
+
+
+def test_submit_path_names_the_file_spark_submit_runs():
+    """``spark-submit "$(python -m kproxy.pipeline.submit --path)" ...``: the file named is
+    ``kproxy analyze`` with no ``--master`` of its own (spark-submit sets it). The run on a
+    standalone cluster itself is test_cluster.py, a soak test."""
+    import kproxy.pipeline.submit as submit
+    named = subprocess.run([sys.executable, "-m", "kproxy.pipeline.submit", "--path"], capture_output=True,
+                           text=True, timeout=120, check=True).stdout.strip()
+    assert os.path.samefile(named, submit.__file__)
+    usage = subprocess.run([sys.executable, named, "--help"], capture_output=True, text=True,
+                           timeout=120, check=True).stdout
+    assert usage.startswith("usage: kproxy analyze") and "--out" in usage and "--master" not in usage

@@ -21,6 +21,12 @@ instead of flaking.
 The executors are given a Python interpreter that does not exist: the job runs
 Spark SQL only (no UDFs, no DataFrames built from Python rows), so executors
 never start Python, and the run proves they need neither Python nor kproxy.
+
+A soak test (``--soak-seconds N``, tests/soak.py): four JVMs and the whole job on one
+executor core take a minute on an idle two-core machine, the default suite's largest item.
+The default suite keeps what it is made of: every table against plain Python in local
+mode (``test_tables.py``), the same tables from JSONL and Parquet (``test_live.py``), and
+``python -m kproxy.pipeline.submit --path`` naming the entry file (``test_cli.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from kproxy.pipeline import TABLE_NAMES, Options, analyze
 from kproxy.pipeline.synthetic import write_synthetic
 from kproxy.pipeline.tables import PERCENTILE_ACCURACY
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.soak]
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)          # pip's pyspark is a whole Spark install
 SPARK_CLASS = os.path.join(SPARK_HOME, "bin", "spark-class")

@@ -38,6 +38,11 @@ from kproxy.pipeline.follow import follow  # noqa: E402
 
 ROWS_PER_FILE = 2000
 WAIT_S = 180.0           # a loaded two-core machine; the test returns as soon as the table is there
+POLL_S = 0.2             # how often a test reads the tables back while it waits
+# A running follow looks for closed files and new input every few seconds (a capture rotates
+# once a minute or more): the test shortens both, so it waits on the batch, not the clock.
+TEST_TRIGGER_SECONDS = 1
+TEST_FEED_POLL_S = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +126,9 @@ def test_once_matches_batch_then_reads_only_the_new_file(spark, tmp_path, genera
         follow(spark, [str(capture)], out, Options(), once=True, stream=log)
 
 
-def test_runs_until_stopped_reading_files_as_the_capture_closes_them(spark, tmp_path, generated):
+def test_runs_until_stopped_reading_files_as_the_capture_closes_them(spark, tmp_path, generated, monkeypatch):
+    monkeypatch.setattr(follow_module, "TRIGGER_SECONDS", TEST_TRIGGER_SECONDS)
+    monkeypatch.setattr(follow_module, "FEED_POLL_S", TEST_FEED_POLL_S)
     capture, out = tmp_path / "capture", str(tmp_path / "out")
     _copy_in(generated[:1], capture)
     # The capture's current file: row groups written, no footer yet (as ParquetSink leaves it).
@@ -172,7 +179,7 @@ def _wait_for_requests(spark, out, expected, failures):
             seen = None
         if seen == [expected, expected]:
             return
-        time.sleep(1.0)
+        time.sleep(POLL_S)
     raise AssertionError(f"tables hold {seen} requests, expected {expected} (failures: {failures})")
 
 

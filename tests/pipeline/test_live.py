@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.timeout(300),
 PRODUCED = 300
 LEGACY_PRODUCED = 10
 GROUP_TIMEOUT_S = 60
+COMMIT_SETTLE_S = 1.0       # two auto-commit intervals after the last record was read
 
 
 def _poll_until(consumers, done, timeout=GROUP_TIMEOUT_S):
@@ -75,11 +76,17 @@ def live_capture(kafka3_cluster, tmp_path_factory):
                   "auto.commit.interval.ms": 500}
         first = Consumer({**common, "client.id": "live-consumer-a"})
         first.subscribe([topic])
-        _poll_until([first], lambda g: len(g[id(first)]) >= 50)
+        alone = _poll_until([first], lambda g: len(g[id(first)]) >= 50)
         second = Consumer({**common, "client.id": "live-consumer-b"})
         second.subscribe([topic])
-        _poll_until([first, second], lambda g: len(second.assignment()) > 0 and len(first.assignment()) > 0)
-        settle = time.monotonic() + 6                  # both members fetch what is left
+        joined = _poll_until([first, second],
+                             lambda g: len(second.assignment()) > 0 and len(first.assignment()) > 0)
+        # Both members fetch what is left: until every record was read, the second member's too.
+        before = sum(map(len, alone.values())) + sum(map(len, joined.values()))
+        _poll_until([first, second],
+                    lambda g: len(joined[id(second)]) + len(g[id(second)]) > 0
+                    and before + sum(map(len, g.values())) >= PRODUCED + LEGACY_PRODUCED)
+        settle = time.monotonic() + COMMIT_SETTLE_S
         _poll_until([first, second], lambda g: time.monotonic() >= settle)
         status = capture.stop()
         first.close()

@@ -330,11 +330,10 @@ SCREENSHOT_ENV = "KPROXY_REPORT_SCREENSHOT"      # also save the screenshot here
 
 
 @pytest.mark.browser
-def test_the_real_report_renders_in_chromium_without_any_request(spark, synthetic_capture, tmp_path, browser):
+def test_the_real_report_renders_in_chromium_without_any_request(synthetic_analysis, tmp_path, browser):
     """The job's report in headless Chromium: every plot drawn, headline = summary.json, no fetch."""
-    from kproxy.pipeline import analyze
-    out = tmp_path / "analysis"
-    result = analyze(spark, [str(synthetic_capture)], str(out))
+    result = synthetic_analysis
+    out = pathlib.Path(result.out)
     summary = json.loads((out / "summary.json").read_text())
     url = (out / "report.html").as_uri()
     assert result.report == str(out / "report.html")

@@ -42,6 +42,7 @@ from kproxy.protocol import decode_response
 from kproxy.protocol.connection import RequestReceived
 from kproxy.proxy.server import Proxy
 from kproxy.certs.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
+from tests.background_tool import BackgroundTool
 from tests.proxy.addresses import REWRITE_CASES
 from tests.proxy.certs import SNI_DOMAIN
 from tests.proxy.client_hello import client_hello, room_for_name
@@ -62,7 +63,7 @@ TOOL_TIMEOUT_S = 180.0            # a JVM start, a group join and a read on 2 sh
 CLIENT_TIMEOUT_S = 90.0           # each client's produce-and-consume, as in test_cluster
 PROGRESS = 50                     # messages that must get through in each phase of the move
 PRODUCE_INTERVAL_S = 0.01
-JAVA_IDLE_EXIT_S = 20.0           # the console consumer stops after this long with nothing new
+JAVA_IDLE_EXIT_S = 20.0           # a bound: the console consumer exits after this long with nothing new
 
 
 @pytest.fixture(autouse=True)
@@ -673,7 +674,6 @@ class TestOnePortThreeBrokers:
         leader is stopped, restarted and made leader again: each finds every new leader at
         that node's name, on the same port, and nothing is lost."""
         from confluent_kafka.admin import AdminClient
-        from kproxy.embedded import run_tool
 
         ids = [n.node_id for n in cluster3.nodes]
         hosts = cluster_hosts(tmp_path, ids)
@@ -694,42 +694,44 @@ class TestOnePortThreeBrokers:
             args = {"bootstrap": f"{BOOTSTRAP_NAME}:{port}", "topic": topic, "ca": str(pki.ca),
                     "stop_file": str(stop_file), "interval": PRODUCE_INTERVAL_S,
                     "timeout": CONSUME_TIMEOUT_S, "group": GROUP_TIMEOUTS}
-            pool = concurrent.futures.ThreadPoolExecutor(2)
+            pool = concurrent.futures.ThreadPoolExecutor(1)
             confluent = pool.submit(
                 hosts.run_with_hosts, [sys.executable, "-c", CONFLUENT_TRAFFIC_SCRIPT, json.dumps(args)],
                 timeout=TOOL_TIMEOUT_S * 3)
-            # The Java consumer reads until nothing has come for JAVA_IDLE_EXIT_S.
-            java = pool.submit(
-                run_tool, cluster3, cluster3.tools.console_consumer, "--bootstrap-server",
+            # The Java consumer reads until it has every record both producers delivered (its
+            # idle timeout only bounds it).
+            with BackgroundTool(
+                cluster3, cluster3.tools.console_consumer, "--bootstrap-server",
                 f"{BOOTSTRAP_NAME}:{port}", "--topic", topic, "--group", f"java-{topic}",
                 "--from-beginning", "--timeout-ms", str(int(JAVA_IDLE_EXIT_S * 1000)),
                 "--command-config", str(java_properties(tmp_path, pki)),
-                jvm_args=hosts.java_args(), timeout=TOOL_TIMEOUT_S * 3, check=False)
-            try:
-                traffic.wait_for_progress(PROGRESS, "before the move")
-                # Its JVM start, TLS set-up and group join: the tool's own budget, not a consumer's.
-                wait_for(lambda: any(java_fetch(e) for _, _, e in list(trace)), TOOL_TIMEOUT_S,
-                         "the Java consumer to fetch")
-                leader = stop_partition_0_leader(cluster3, admin, topic)
-                traffic.wait_for_progress(PROGRESS, f"while node {leader} is down")
-                cluster3.start_node(leader)
-                wait_for(lambda: leads_again(admin, topic, 3, leader), LEADER_MOVE_TIMEOUT_S,
-                         f"node {leader} to lead again")
-                returned = time.monotonic()
-                traffic.wait_for_progress(PROGRESS, f"after node {leader} leads again")
-            finally:
-                stop_file.touch()
-                traffic.finish()
-            ran = confluent.result(TOOL_TIMEOUT_S * 3)
-            assert ran.returncode == 0, ran.stderr[-3000:]
-            report = json.loads(ran.stdout.strip().splitlines()[-1])
-            assert report["delivered"] == report["produced"] > 0 and not report["failures"], report
-            assert report["unflushed"] == 0 and report["not_consumed"] == 0, report
-            java_read = java.result(TOOL_TIMEOUT_S * 3)
-            pool.shutdown()
-            read = set(java_read.stdout.split())
-            assert {str(n) for n in traffic.delivered} <= read, java_read.stderr[-3000:]
-            assert len({v for v in read if v.startswith("ck-")}) == report["delivered"]
+                jvm_args=hosts.java_args()) as java:     # stopped however the test ends
+                try:
+                    traffic.wait_for_progress(PROGRESS, "before the move")
+                    # Its JVM start, TLS set-up and group join: the tool's own budget, not a consumer's.
+                    wait_for(lambda: any(java_fetch(e) for _, _, e in list(trace)), TOOL_TIMEOUT_S,
+                             "the Java consumer to fetch")
+                    leader = stop_partition_0_leader(cluster3, admin, topic)
+                    traffic.wait_for_progress(PROGRESS, f"while node {leader} is down")
+                    cluster3.start_node(leader)
+                    wait_for(lambda: leads_again(admin, topic, 3, leader), LEADER_MOVE_TIMEOUT_S,
+                             f"node {leader} to lead again")
+                    returned = time.monotonic()
+                    traffic.wait_for_progress(PROGRESS, f"after node {leader} leads again")
+                finally:
+                    stop_file.touch()
+                    traffic.finish()
+                ran = confluent.result(TOOL_TIMEOUT_S * 3)
+                assert ran.returncode == 0, ran.stderr[-3000:]
+                report = json.loads(ran.stdout.strip().splitlines()[-1])
+                assert report["delivered"] == report["produced"] > 0 and not report["failures"], report
+                assert report["unflushed"] == 0 and report["not_consumed"] == 0, report
+                pool.shutdown()
+                java.wait_until(lambda lines: {str(n) for n in traffic.delivered} <= set(lines)
+                                and len({v for v in lines if v.startswith("ck-")}) >= report["delivered"],
+                                TOOL_TIMEOUT_S, "the Java consumer to read every delivered record")
+                read = set(java.stop())
+                assert len({v for v in read if v.startswith("ck-")}) == report["delivered"]
             assert not traffic.delivery_errors, traffic.delivery_errors[:3]
             assert traffic.delivered == set(range(traffic.produced)), "a message was not acknowledged"
             assert traffic.delivered <= traffic.read_back
