@@ -107,6 +107,16 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _cpu_s(pid: int) -> float:
+    """User plus system CPU seconds a process has used so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")    # utime, stime
+
+
 def _comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:
@@ -123,11 +133,16 @@ class PeakMemory(threading.Thread):
         self.pid = pid
         self.python_kb = 0
         self.jvm_kb = 0
+        # CPU seconds of the driver and every descendant, the last figure read of each: the
+        # load changes them far less than wall time. A process's last POLL_S is missed.
+        self.cpu_by_pid: dict[int, float] = {}
         self.finished = threading.Event()
 
     def run(self) -> None:
         while not self.finished.is_set():
             self.python_kb = max(self.python_kb, _status(self.pid, "VmHWM"))
+            for pid in (self.pid, *_descendants(self.pid)):
+                self.cpu_by_pid[pid] = max(self.cpu_by_pid.get(pid, 0.0), _cpu_s(pid))
             for child in _descendants(self.pid):
                 if _comm(child) == "java":
                     self.jvm_kb = max(self.jvm_kb, _status(child, "VmHWM"))
@@ -186,6 +201,7 @@ def run_analyze(directory: Path, rows: int, args, code: Path = ROOT) -> dict:
               "wall_s": round(wall, 1), "rows_per_s": None if timed_out else round(rows / wall),
               "stage_s": stages, "stages_total_s": round(sum(stages.values()), 1),
               "peak_jvm_mb": round(memory.jvm_kb / 1024), "peak_python_mb": round(memory.python_kb / 1024),
+              "cpu_s": round(sum(memory.cpu_by_pid.values()), 1),
               "load_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)]}
     if timed_out:
         result["error"] = f"stopped after --timeout {args.timeout:g}s"
@@ -356,6 +372,7 @@ def main() -> int:
                     stages = ", ".join(f"{k} {v:g}" for k, v in result["stage_s"].items())
                     print(f"{rows:>12,} pairs  stages (s): {stages}", flush=True)
                     print(f"{rows:>12,} pairs  {result['wall_s']:7.1f} s  {speed:>16}{versus}  "
+                          f"{result['cpu_s']:g} CPU s  "
                           f"peak JVM {result['peak_jvm_mb']:,} MB, Python {result['peak_python_mb']:,} MB  "
                           f"load {result['load_1min'][0]}-{result['load_1min'][1]}{label}", flush=True)
         if len(codes) > 1 and not args.json:

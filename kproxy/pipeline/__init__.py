@@ -10,6 +10,8 @@ it runs wherever the capture files are, on a laptop or a cluster.
   time series and anomalies, clients and software inventory, upgrade readiness
   (KIP-896), topics and who produces/consumes them, consumer groups and
   rebalances, slowest pairs, connection churn.
+- ``scan``: the prepared pairs narrowed once for every table, cached where that
+  pays (small Parquet captures in memory, JSONL on disk).
 - ``job``: runs them all, writes ``tables/<name>/`` Parquet and ``summary.json``;
   ``report``: ``report.html`` (self-contained, plots embedded) and ``plots/*.png``.
 - ``kafka_source`` / ``s3_source``: shipped rows in a topic, uploaded files in a bucket

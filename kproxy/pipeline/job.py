@@ -21,7 +21,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -30,6 +29,7 @@ from . import audit as audit_table
 from . import failovers as failover_tables
 from . import tables as T
 from .tables import REPORT_ROWS, WORST_P99_MIN_REQUESTS
+from .scan import shared_scan
 from .source import Inputs, InputError, load_capture
 
 if TYPE_CHECKING:
@@ -219,10 +219,8 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
         spark.conf.set(key, value)
     inputs, pairs = load_capture(spark, paths, options.fmt, options.since, options.until)
     progress.note(_describe(inputs))
-    # Parquet is read again by each table, only the columns it needs: cheaper than a cache of
-    # every column, which at 10 M pairs no longer fit Spark's default 1 GiB heap and made the
-    # job slower. JSONL is parsed once into a disk cache instead of once per table.
-    cached = pairs = pairs.persist(StorageLevel.DISK_ONLY) if inputs.format in ("jsonl", "kafka") else pairs
+    scan = shared_scan(pairs, inputs)
+    pairs = scan.pairs
     try:
         head = progress.stage("read pairs", lambda: _headline(pairs), lambda h: f"{h['pairs']:,} pairs")
         if head["foreign"]:
@@ -254,8 +252,7 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
                 "report", lambda: write_report(out, report_tables, result.summary), lambda path: path)
         return result
     finally:
-        if cached.is_cached:
-            cached.unpersist()
+        scan.release()
 
 
 def _write_tables(spark: SparkSession, pairs: DataFrame, out: str, options: Options,

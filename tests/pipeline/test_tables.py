@@ -233,3 +233,23 @@ def test_unreadable_jsonl_lines_are_left_out_and_counted(spark, tmp_path):
     assert result.summary["unreadable_rows"] == 1
     assert result.summary["pairs"] == len(rows)
     assert sum(r["requests"] for r in table(result, "api_latency")) == len(rows)
+
+
+def test_tables_read_per_table_equal_the_shared_cache(analysed, spark, synthetic_capture, tmp_path, monkeypatch):
+    """The small capture above was analysed from pairs cached in memory; read from the
+    files by each table (as larger captures are), every table comes out the same."""
+    from kproxy.pipeline import scan
+    result, _ = analysed
+    assert scan.where_kept(scan_inputs(synthetic_capture)) is scan.Kept.MEMORY
+    monkeypatch.setattr(scan, "MEMORY_SCAN_MAX_PAIRS", 0)
+    assert scan.where_kept(scan_inputs(synthetic_capture)) is scan.Kept.FILES
+    again = analyze(spark, [str(synthetic_capture)], str(tmp_path),
+                    Options(window_seconds=WINDOW_S, top=15, report=False))
+    for name in TABLE_NAMES:
+        assert table(again, name) == table(result, name), name
+    assert spark.sparkContext._jsc.sc().getPersistentRDDs().isEmpty()      # the cache was released
+
+
+def scan_inputs(capture):
+    from kproxy.pipeline.source import resolve_inputs
+    return resolve_inputs([str(capture)])
