@@ -7,7 +7,8 @@
 the GIL, like a write blocked in the kernel), so a capture writer cannot keep up
 with the traffic: what is then measured is the relay's side of the bargain
 (filter, enqueue, drop and count, never wait). Everything after the option is
-passed to kproxy's own command line unchanged. ``--without-live-view`` takes the live
+passed to kproxy's own command line unchanged. ``BENCH_PROFILE_OUT`` in the environment:
+a CPU profile of the process (``_cpu_profile.py``). ``--without-live-view`` takes the live
 page's observer out of the relay's observer list: the "before" of its no-viewer cost.
 """
 
@@ -51,6 +52,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--without-live-view"]:
         without_live_view()
         argv = argv[1:]
+    from benchmarks import _cpu_profile
+    _cpu_profile.start_if_asked()
     from kproxy.cli import main as kproxy_main
     return kproxy_main(argv)
 
