@@ -117,13 +117,8 @@ class KafkaTarget:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], key: str = "capture.kafka") -> "KafkaTarget":
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{key}: expected a table/object")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            from ...config import did_you_mean
-            raise ValueError(f"{key}.{unknown[0]}: unknown setting{did_you_mean(str(unknown[0]), names)}")
+        from ...spelling import check_table
+        check_table(data, {f.name for f in fields(cls)}, key)
         for required in ("bootstrap", "topic"):
             if not data.get(required):
                 raise ValueError(f"{key}.{required}: required")

@@ -108,13 +108,8 @@ class S3Target:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], key: str = "capture.s3") -> "S3Target":
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{key}: expected a table/object")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            from ...spelling import did_you_mean
-            raise ValueError(f"{key}.{unknown[0]}: unknown setting{did_you_mean(str(unknown[0]), names)}")
+        from ...spelling import check_table
+        check_table(data, {f.name for f in fields(cls)}, key)
         if not data.get("bucket"):
             raise ValueError(f"{key}.bucket: required")
         values = {name: value for name, value in data.items() if value is not None}
