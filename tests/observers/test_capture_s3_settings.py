@@ -71,3 +71,19 @@ def test_a_full_upload_queue_leaves_files_local_and_counts_them():
         uploader.submit(f"/nowhere/{name}.parquet")
     assert capture.counters()["upload_dropped"] == 2 and uploader.queue.qsize() == 2
     uploader.finish()                                # not running: returns at once
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"buckt": "b"}, "capture.s3.buckt: unknown setting (did you mean bucket?)"),
+    (["b"], "capture.s3: expected a table/object"),
+])
+def test_a_misspelt_or_misshapen_s3_table_is_named(data, message):
+    with pytest.raises(ValueError) as refused:
+        S3Target.from_dict(data)
+    assert str(refused.value) == message
+
+
+def test_a_misspelt_kafka_table_setting_is_named():
+    from kproxy.observers.capture.kafka_sink import KafkaTarget
+    with pytest.raises(ValueError, match=r"capture\.kafka\.topc: unknown setting \(did you mean topic\?\)"):
+        KafkaTarget.from_dict({"bootstrap": "kafka:9092", "topc": "t"})
