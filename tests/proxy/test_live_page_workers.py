@@ -17,6 +17,8 @@ import socket
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from tests.proxy.harness import WORKERS_TOKEN, value
 from tests.proxy.live_page import WAIT_MS, open_page, wait_until
 from tests.proxy.wire import WitnessClient
@@ -124,6 +126,10 @@ def test_a_slow_viewer_of_the_merged_stream_slows_no_one(browser, workers_proxy,
         stuck.close()
 
 
+# Soak only (17 s: a worker killed and restarted under the page): the default suite proves
+# the page merges every worker (test_the_page_shows_the_traffic_of_every_worker) and the
+# supervisor restarting a killed worker (test_workers_e2e.py).
+@pytest.mark.soak
 def test_a_restarted_worker_rejoins_the_page(browser, workers_proxy, workers_topic, tmp_path):
     page = page_of(browser, workers_proxy)
     try:

@@ -68,7 +68,7 @@ def relay_in_flight(proxy) -> list[int]:
 
 
 def test_a_pipelining_client_is_not_read_past_the_in_flight_cap(start_proxy, topic):
-    proxy = start_proxy()
+    proxy = start_proxy(shutdown_timeout=1.0)      # its long polls need not be waited for
     client = RawClient(proxy.bootstrap)
     frames = [request_frame(FETCH, FETCH_VERSION, i + 1, **fetch_fields(topic, max_wait_ms=LONG_POLL_MS))
               for i in range(PIPELINED_FETCHES)]

@@ -668,6 +668,10 @@ class TestOnePortThreeBrokers:
             assert metric(proxy.admin_url, "kproxy_sni_refused_total")['{reason="unknown_name"}'] == 1
         assert_no_upstream_address(client_bytes, upstream_addresses(cluster3), advertised)
 
+    # Soak only (23 s, three clients and a node restart): the default suite proves routing
+    # by name to every node (test_three_clients_produce_and_consume_through_one_port) and
+    # clients following a leader across a node restart (test_cluster.py, gateway mode).
+    @pytest.mark.soak
     def test_clients_follow_a_leader_move_by_name(self, cluster3, pki, client_bytes, tmp_path):
         """kafka-python and confluent-kafka keep producing (acks=all, idempotent) and
         consuming, and Kafka's Java console consumer keeps consuming, while partition 0's
