@@ -220,9 +220,9 @@ def test_three_nodes_form_one_cluster(cluster3: KafkaCluster) -> None:
     assert sorted(received) == sorted(_payloads())
 
 
-# Soak only: the default suite stops and starts cluster3's nodes through this same API in
-# tests/proxy/test_cluster.py (gateway across a broker restart) and test_sni.py (leader
-# move), each asserting the cluster serves again afterwards; this one costs 13 s more.
+# Soak only: the default suite stops and starts a cluster3 node through this same API in
+# tests/proxy/test_cluster.py (gateway across a broker restart), asserting the cluster
+# serves again afterwards; this one costs 13 s more.
 @pytest.mark.soak
 def test_stop_and_start_node(cluster3: KafkaCluster) -> None:
     first = cluster3.nodes[0]
