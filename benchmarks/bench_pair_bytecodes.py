@@ -37,7 +37,6 @@ class _Transport:
     def is_closing(self): return False
     def get_write_buffer_size(self): return 0
     def get_extra_info(self, *args): return None
-    def get_write_buffer_size(self): return 0
     def set_write_buffer_limits(self, high=None, low=None): pass
     def close(self): pass
 

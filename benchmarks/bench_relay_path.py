@@ -32,23 +32,11 @@ import struct
 import sys
 from pathlib import Path
 
-FRAMES = Path(__file__).resolve().parent / "data" / "pair_frames.pkl.gz"
-HERE = Path(__file__).resolve().parent.parent
-WARM_UP, COUNTED = 50, 20
+# The frames, counts and stand-in transport of the relay-alone count (a sibling script).
+from bench_pair_bytecodes import COUNTED, FRAMES, HERE, SIZE, WARM_UP, _Transport  # noqa: E402
+
 PROFILED = 20_000
 TIMED_RUNS = 7
-SIZE = struct.Struct(">i")
-
-
-class _Transport:
-    def write(self, data): pass
-    def writelines(self, data): pass
-    def pause_reading(self): pass
-    def resume_reading(self): pass
-    def is_closing(self): return False
-    def get_write_buffer_size(self): return 0
-    def get_extra_info(self, *args): return None
-    def close(self): pass
 
 
 def main() -> int:
