@@ -405,25 +405,8 @@ def await_writable(bootstrap: str, topic: str, partitions: int) -> None:
 
 def produce_large(bootstrap: str, topic: str, records: int, size: int) -> float:
     """``produce`` for records over librdkafka's default limits (1 MB a message)."""
-    from confluent_kafka import Producer
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all",
-                         "compression.type": "none", "message.max.bytes": LARGE_MAX_MESSAGE_BYTES,
-                         "batch.size": LARGE_MAX_MESSAGE_BYTES})
-    producer.produce(topic, b"w")
-    producer.flush(30)
-    payload = b"x" * size
-    start = time.perf_counter()
-    for _ in range(records):
-        while True:
-            try:
-                producer.produce(topic, payload)
-                break
-            except BufferError:
-                producer.poll(0.005)
-        producer.poll(0)
-    if producer.flush(120) != 0:
-        raise RuntimeError("produce did not finish")
-    return time.perf_counter() - start
+    return produce(bootstrap, topic, records, size, settings={
+        "message.max.bytes": LARGE_MAX_MESSAGE_BYTES, "batch.size": LARGE_MAX_MESSAGE_BYTES})
 
 
 def consume_large(bootstrap: str, topic: str, records: int) -> float:

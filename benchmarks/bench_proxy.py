@@ -132,12 +132,14 @@ class ProxyProcess:
         return reply
 
 
-def produce(bootstrap: str, topic: str, records: int, size: int, before_start=None) -> float:
+def produce(bootstrap: str, topic: str, records: int, size: int, before_start=None,
+            settings: dict | None = None) -> float:
     """Seconds to produce ``records`` (acks=all, after a warm-up send that connects).
-    ``before_start()``, if given, runs between the warm-up and the timed part."""
+    ``before_start()``, if given, runs between the warm-up and the timed part; ``settings``
+    override the producer's (e.g. limits for large records)."""
     from confluent_kafka import Producer
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1 << 20,
-                         "compression.type": "none", "acks": "all"})
+                         "compression.type": "none", "acks": "all", **(settings or {})})
     producer.produce(topic, b"w")
     producer.flush(30)
     payload = b"x" * size
