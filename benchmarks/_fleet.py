@@ -235,6 +235,13 @@ def worker_main() -> int:
     return 0
 
 
+def _tell(processes, word: str) -> None:
+    """One line to every worker process (they wait for it on stdin)."""
+    for process in processes:
+        process.stdin.write(word + "\n")
+        process.stdin.flush()
+
+
 def _await_line(process: subprocess.Popen, expected: str) -> None:
     line = process.stdout.readline().strip()
     if line != expected:
@@ -262,15 +269,11 @@ def run_fleet(leaders: dict[int, str], topic: str, *, connections: int, consumer
         for process in processes:
             _await_line(process, "ready")
         started = on_start() if on_start else None
-        for process in processes:
-            process.stdin.write("go\n")
-            process.stdin.flush()
+        _tell(processes, "go")
         for process in processes:
             _await_line(process, "sent")
         ended = on_end() if on_end else None
-        for process in processes:
-            process.stdin.write("stop\n")
-            process.stdin.flush()
+        _tell(processes, "stop")
         reports = [json.loads(process.stdout.readline()) for process in processes]
         for process in processes:
             process.wait(30)
