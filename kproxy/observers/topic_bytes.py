@@ -13,7 +13,10 @@ id past the cap go to ``other`` and stay there.
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:                     # the counters themselves are defined in metrics.py
+    from prometheus_client import Counter
 
 OVERFLOW_LABEL = "other"              # what a BoundedLabel gives past its cap
 
