@@ -12,6 +12,10 @@ from __future__ import annotations
 from ..observers.contract import Interest, Observer
 from ..protocol.connection import RequestReceived, ResponseReceived
 
+# Routes kept per listener: Kafka defines under 100 API keys; a client may send any of
+# 65,536, whose routes are then found again each time rather than kept without bound.
+MAX_ROUTED_KEYS = 128
+
 
 class EventRoutes:
     """The event-taking observers of one listener (``takes_events`` not False), routed by API."""
@@ -41,9 +45,10 @@ class EventRoutes:
             self._generation = Interest.generation
         targets = self._by_key.get(key)
         if targets is None:
-            targets = self._by_key[key] = [
-                observer for observer, interest in zip(self.observers, self._interests)
-                if interest is None or interest.wants(key)]
+            targets = [observer for observer, interest in zip(self.observers, self._interests)
+                       if interest is None or interest.wants(key)]
+            if len(self._by_key) < MAX_ROUTED_KEYS:
+                self._by_key[key] = targets
         return targets
 
 

@@ -87,3 +87,15 @@ def test_the_default_observers_take_what_they_read_and_no_more():
     finally:
         live.close()
     assert live.interest.api_keys == {API_VERSIONS}
+
+
+
+def test_routes_kept_stay_bounded_whatever_api_keys_a_client_sends():
+    from kproxy.proxy.event_routes import MAX_ROUTED_KEYS, EventRoutes
+    from kproxy.protocol.connection import RequestReceived
+    taker = Recorder(Interest({METADATA}))
+    routes = EventRoutes([taker])
+    for key in range(5_000):
+        event = RequestReceived(b"", key, 0, key, 0.0, True)
+        assert routes.to([event]) == ([taker] if key == METADATA else [])
+    assert len(routes._by_key) == MAX_ROUTED_KEYS
