@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Mapping
 from .protocol.connection import DEFAULT_MAX_FRAME_SIZE
 from .settings_file import SettingsFileError, read_settings_file
 from .spelling import SUGGESTION_CUTOFF, did_you_mean
+from .telemetry_settings import TelemetryOffer, TelemetryOfferError
 
 if TYPE_CHECKING:
     from .observers.audit import AuditConfig
-    from .proxy.telemetry_offer import TelemetryOffer
     from .observers.capture import CaptureConfig
     from .policy import Policy
 
@@ -269,7 +269,6 @@ def setting_names() -> frozenset[str]:
 
 def _telemetry_offer(table: Any):
     """The telemetry_offer table (or JSON object from KPROXY_TELEMETRY_OFFER)."""
-    from .proxy.telemetry_offer import TelemetryOffer, TelemetryOfferError
     if isinstance(table, str):
         try:
             import json

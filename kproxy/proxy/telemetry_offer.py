@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import re
 import uuid
-import zlib
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any, Mapping
 
 from ..protocol import Response, Struct, Uuid, encode_response, new_body
 from ..protocol.client_software import ClientSoftware, software_named
@@ -29,13 +26,9 @@ from ..protocol.client_telemetry import GET_TELEMETRY_SUBSCRIPTIONS_KEY, PUSH_TE
 from ..protocol.connection import RequestReceived, ResponseReceived
 from ..protocol.records import CODEC_NAMES
 from ..protocol.api_keys import ApiKey
+from ..telemetry_settings import TelemetryOffer, TelemetryOfferError  # noqa: F401  (its settings, parsed by config)
 
 _API_VERSIONS = int(ApiKey.API_VERSIONS)   # a plain int: compared per event
-DEFAULT_METRICS = ("org.apache.kafka.producer.", "org.apache.kafka.consumer.")
-# Kafka's ClientMetrics interval.ms default is 5 minutes; a minute shows a latency split
-# while it is still news. Kafka accepts 100 ms to 1 hour.
-DEFAULT_PUSH_INTERVAL_MS = 60_000
-PUSH_INTERVAL_RANGE_MS = (100, 3_600_000)
 # What a client may send per push: Kafka's default telemetry.max.bytes.
 TELEMETRY_MAX_BYTES = 1024 * 1024
 # Codecs kproxy inflates, most compact first (the client takes the first it supports).
@@ -44,48 +37,6 @@ ACCEPTED_CODECS = tuple(CODEC_NAMES.index(name) for name in ("zstd", "lz4", "gzi
 DENIED_LIBRDKAFKA = ((2, 5, 0), (2, 5, 2))
 _RDKAFKA_VERSION = re.compile(r"(?:^|rdkafka-)(\d+)\.(\d+)\.(\d+)")
 UNSUPPORTED_VERSION = 35      # the answer to a denied client that asks anyway
-
-
-class TelemetryOfferError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class TelemetryOffer:
-    """The ``telemetry_offer`` table, parsed once."""
-    enabled: bool = False
-    metrics: tuple[str, ...] = DEFAULT_METRICS
-    push_interval_ms: int = DEFAULT_PUSH_INTERVAL_MS
-    clients: tuple[str, ...] = ("*",)
-
-    @classmethod
-    def from_mapping(cls, table: Mapping[str, Any]) -> "TelemetryOffer":
-        unknown = set(table) - {"enabled", "metrics", "push_interval_ms", "clients"}
-        if unknown:
-            raise TelemetryOfferError(f"telemetry_offer: unknown setting {sorted(unknown)[0]!r}")
-        enabled = table.get("enabled", False)
-        if not isinstance(enabled, bool):
-            raise TelemetryOfferError("telemetry_offer.enabled: expected true or false")
-        interval = table.get("push_interval_ms", DEFAULT_PUSH_INTERVAL_MS)
-        if isinstance(interval, bool) or not isinstance(interval, int) \
-                or not PUSH_INTERVAL_RANGE_MS[0] <= interval <= PUSH_INTERVAL_RANGE_MS[1]:
-            raise TelemetryOfferError(f"telemetry_offer.push_interval_ms: expected {PUSH_INTERVAL_RANGE_MS[0]}"
-                                      f"-{PUSH_INTERVAL_RANGE_MS[1]}, got {interval!r}")
-        lists = {}
-        for key, default in (("metrics", DEFAULT_METRICS), ("clients", ("*",))):
-            value = table.get(key, default)
-            if isinstance(value, str):
-                value = [part.strip() for part in value.split(",") if part.strip()]
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-                raise TelemetryOfferError(f"telemetry_offer.{key}: expected a list of strings")
-            lists[key] = tuple(value)
-        return cls(enabled, lists["metrics"], interval, lists["clients"])
-
-    @property
-    def subscription_id(self) -> int:
-        """Stable for the same subscription (a client re-asks when it changes)."""
-        text = "\0".join((*self.metrics, str(self.push_interval_ms))).encode()
-        return zlib.crc32(text) - (1 << 31)
 
 
 def denied(software: ClientSoftware | None) -> bool:
