@@ -41,7 +41,7 @@ from ..protocol.connection import MalformedFrame, RequestReceived, ResponseRecei
 from ..protocol.client_software import software_named
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, count_batches
-from ..protocol.api_keys import ApiKey
+from ..protocol.api_keys import SASL_KEYS as _SASL_KEYS, ApiKey
 from ..protocol.sasl import SaslPrincipal
 from ..protocol.walk import error_codes, error_walker
 from ..protocol.tls_failures import HANDSHAKE_FAILURES
@@ -97,7 +97,6 @@ FETCH_KEYS = frozenset(map(int, (ApiKey.FETCH, ApiKey.SHARE_FETCH)))   # long-po
 _FETCH, _METADATA, _PRODUCE, _API_VERSIONS = map(int, (ApiKey.FETCH, ApiKey.METADATA, ApiKey.PRODUCE,
                                                        ApiKey.API_VERSIONS))
 _JOIN_GROUP, _SYNC_GROUP, _LEAVE_GROUP = map(int, (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.LEAVE_GROUP))
-_SASL_KEYS = frozenset(map(int, (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)))
 FETCH_BY_TOPIC_ID = 13    # Fetch v13+ names topics by id, not name
 READ_COMMITTED = 1        # Fetch isolation_level: the consumer reads only up to the last stable offset
 # Fetch positions kept per connection (consumer lag). A broker leads a few thousand partitions

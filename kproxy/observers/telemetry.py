@@ -29,13 +29,12 @@ from ..protocol.client_software import ClientSoftware, software_named
 from ..protocol.client_telemetry import (GET_TELEMETRY_SUBSCRIPTIONS_KEY, PUSH_TELEMETRY_KEY,
                                          ClientMetric, LatencySplit, client_latencies, decode_push)
 from ..protocol.connection import RequestReceived, ResponseReceived
-from ..protocol.api_keys import ApiKey
+from ..protocol.api_keys import SASL_KEYS as _SASL_KEYS, ApiKey
 from ..protocol.sasl import SaslPrincipal
 from .capture.filters import header_client_id
 
 # Plain ints: compared per event (see api_keys.py).
 _PRODUCE, _API_VERSIONS = int(ApiKey.PRODUCE), int(ApiKey.API_VERSIONS)
-_SASL_KEYS = (int(ApiKey.SASL_HANDSHAKE), int(ApiKey.SASL_AUTHENTICATE))
 # Kafka's default push interval (ClientMetrics interval.ms: 5 minutes).
 DEFAULT_PUSH_INTERVAL_S = 300.0
 # An instance not heard from for this many push intervals has gone (a client pushes every

@@ -107,3 +107,8 @@ class ApiKey(enum.IntEnum):
     DELETE_SHARE_GROUP_OFFSETS = 92
     STREAMS_GROUP_TOPOLOGY_DESCRIPTION_UPDATE = 93
     UNREGISTER_CONTROLLER = 94
+
+
+# The APIs that authenticate a connection, and so name its principal (plain ints: hot
+# paths test membership per request).
+SASL_KEYS = frozenset(map(int, (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)))

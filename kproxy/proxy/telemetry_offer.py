@@ -25,6 +25,7 @@ from ..protocol.client_software import ClientSoftware, software_named
 from ..protocol.client_telemetry import GET_TELEMETRY_SUBSCRIPTIONS_KEY, PUSH_TELEMETRY_KEY, TELEMETRY_KEYS
 from ..protocol.connection import RequestReceived, ResponseReceived
 from ..protocol.records import CODEC_NAMES
+from ..protocol.schema import UNSUPPORTED_VERSION      # also the answer to a denied client that asks anyway
 from ..protocol.api_keys import ApiKey
 from ..telemetry_settings import TelemetryOffer, TelemetryOfferError  # noqa: F401  (its settings, parsed by config)
 
@@ -36,7 +37,6 @@ ACCEPTED_CODECS = tuple(CODEC_NAMES.index(name) for name in ("zstd", "lz4", "gzi
 # librdkafka versions that crash (an assertion) on a subscription naming none of their metrics.
 DENIED_LIBRDKAFKA = ((2, 5, 0), (2, 5, 2))
 _RDKAFKA_VERSION = re.compile(r"(?:^|rdkafka-)(\d+)\.(\d+)\.(\d+)")
-UNSUPPORTED_VERSION = 35      # the answer to a denied client that asks anyway
 
 
 def denied(software: ClientSoftware | None) -> bool:

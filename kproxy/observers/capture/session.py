@@ -17,11 +17,10 @@ import time
 from ...protocol.client_software import FIRST_NAMING_VERSION
 from ...protocol.connection import (MalformedFrame, RequestReceived, ResponseReceived,
                                     SaslTokenPassed)
-from ...protocol.api_keys import ApiKey
+from ...protocol.api_keys import SASL_KEYS as _SASL_KEYS, ApiKey   # SASL: they name the principal
 from .config import CaptureConfig
 from .writer import STOP, Writer
 
-_SASL_KEYS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})   # they name the principal
 _ITEM_OVERHEAD = 200            # bytes charged per queued item besides its frames
 
 

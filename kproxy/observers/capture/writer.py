@@ -43,7 +43,7 @@ from .jsonl import JsonlSink
 from .pcapng import PcapngSink
 from .redact import scrub_frame
 from ...protocol.client_software import ClientSoftware, software_named
-from ...protocol.api_keys import ApiKey
+from ...protocol.api_keys import SASL_KEYS, ApiKey
 from ...protocol.sasl import SaslPrincipal
 from .summary import (OUTCOME_NO_RESPONSE, OUTCOME_RESPONSE, OUTCOME_UNANSWERED,
                       Facts, body_facts, build_row, fill_client_software)
@@ -58,7 +58,6 @@ MIN_PAUSE_S = 0.002
 MAX_CONNECTIONS_TRACKED = 100_000   # per-connection state kept without a close hook, at most
 MAX_PENDING_PER_CONNECTION = 10_000  # a client that never gets answers cannot grow this forever
 STOP = object()
-SASL_KEYS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
 class _Conn:
