@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """``kproxy run`` as the benchmarks launch it: its own process, optionally over a slow disk.
 
-    python benchmarks/_kproxy_process.py [--slow-disk-ms N] [--without-live-view] run --upstream ...
+    python benchmarks/_kproxy_process.py [--slow-disk-ms N] [--without-live-view] run --config ...
+
+``bench_proxy.kproxy_process`` runs it through ``tests/kproxy_process.py``'s
+``KproxyProcess``, the one harness tests and benchmarks share.
 
 ``--slow-disk-ms`` makes every capture file write sleep first (the sleep releases
 the GIL, like a write blocked in the kernel), so a capture writer cannot keep up

@@ -28,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_proxy import SLOW_DISK_DELAY_S, ProxyProcess  # noqa: E402
+from bench_proxy import SLOW_DISK_DELAY_S, capture as capture_control, kproxy_process  # noqa: E402
+from tests.kproxy_process import KproxyProcess  # noqa: E402
 
 RECORD_BYTES = 1024
 CONSUME_TOPIC_RECORDS = 300_000      # consumed over and over from the start
@@ -107,7 +108,7 @@ def process_stats(pid: int) -> tuple[float, float, int]:
             int(whole[7]))
 
 
-def run_phase(proxy: ProxyProcess, counter: Counter, client: threading.Thread, windows: int,
+def run_phase(proxy: KproxyProcess, counter: Counter, client: threading.Thread, windows: int,
               window_s: float, capture: dict) -> dict:
     client.start()
     time.sleep(window_s)                                   # warm-up, not measured
@@ -118,7 +119,7 @@ def run_phase(proxy: ProxyProcess, counter: Counter, client: threading.Thread, w
         for i in range(2 * windows + 1):                  # off, on, off, ..., off
             state = "on" if i % 2 else "off"
             if state == "on":
-                proxy.capture("start", capture)
+                capture_control(proxy, "start", capture)
             start_bytes, start = counter.bytes, time.perf_counter()
             loop_cpu, all_cpu, faults = process_stats(proxy.process.pid)
             time.sleep(window_s)
@@ -130,7 +131,7 @@ def run_phase(proxy: ProxyProcess, counter: Counter, client: threading.Thread, w
             cpu[state]["faults"] += faults2 - faults
             cpu[state]["seconds"] += elapsed
             if state == "on":
-                counters = proxy.capture("stop")["counters"]    # drains: excluded from both
+                counters = capture_control(proxy, "stop")["counters"]    # drains: excluded from both
             rates[state].append(mb_s)
             sequence.append((state, mb_s))
     finally:
@@ -172,7 +173,7 @@ def main() -> int:
     results = {"formats": args.formats, "windows": args.windows, "window_s": args.window_s,
                "slow_disk_ms": SLOW_DISK_DELAY_S * 1000}
     with tempfile.TemporaryDirectory() as tmp, KafkaCluster(1, extra_config=BROKER_CONFIG) as broker, \
-            ProxyProcess(broker.bootstrap_servers, args.slow_disk_ms / 1000) as proxy:
+            kproxy_process(broker.bootstrap_servers, args.slow_disk_ms / 1000) as proxy:
         capture = {"directory": tmp, "formats": args.formats.split(","), **json.loads(args.settings)}
         counter = Counter()
         if "produce" in args.phases:

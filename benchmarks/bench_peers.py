@@ -53,7 +53,7 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _fleet, _fleet_wire  # noqa: E402
-from benchmarks.bench_proxy import ProxyProcess, consume, produce, stop_process  # noqa: E402
+from benchmarks.bench_proxy import consume, kproxy_process, produce, stop_process  # noqa: E402
 from kproxy.embedded import recv_exactly  # noqa: E402
 from kproxy.embedded._support import free_port, free_ports  # noqa: E402
 
@@ -187,19 +187,19 @@ class KproxyPath(_Path):
 
     def __init__(self, label: str, upstream: str, tree: Path | None = None):
         self.label = label
-        self.proxy = ProxyProcess(upstream)
-        if tree is not None:
-            self.proxy.argv[1] = str(tree / "benchmarks" / "_kproxy_process.py")
-            self.proxy.env = {**self.proxy.env, "PYTHONPATH": str(tree)}
-        self.bootstrap = self.proxy.bootstrap
+        self.proxy = kproxy_process(upstream, **({} if tree is None else {"tree": tree}))
+
+    @property
+    def bootstrap(self) -> str:
+        return self.proxy.bootstrap
 
     def __enter__(self):
         self.proxy.__enter__()
-        self.pid = self.proxy.process.pid
+        self.pid = self.proxy.pid
         return self
 
     def __exit__(self, *exc):
-        self.proxy.__exit__()
+        self.proxy.__exit__(*(exc or (None, None, None)))
 
 
 class KafkaProxyPath(_Path):

@@ -18,20 +18,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 from kproxy.embedded._support import free_port  # noqa: E402
+from tests.kproxy_process import KproxyProcess  # noqa: E402
 
 DEFAULT_RECORDS = 100_000
 DEFAULT_SIZE = 1024
@@ -53,83 +52,42 @@ def stop_process(process: subprocess.Popen) -> None:
             process.wait()
 
 
-# How long kproxy may take to answer /readyz after it was launched (imports included).
-PROXY_START_TIMEOUT_S = 30.0
 # A proxy or peer given SIGTERM drains its connections first; one still running after
 # this is hung, and is killed so a benchmark run never leaves it behind.
 STOP_GRACE_S = 30.0
+LAUNCHER = Path("benchmarks") / "_kproxy_process.py"     # in the tree under test
 
 
-class ProxyProcess:
-    """kproxy in its own process, as it runs in production.
+def kproxy_process(upstream: str, slow_disk_s: float = 0.0, without_live_view: bool = False,
+                   workers: int = 1, node_ids: tuple[int, ...] = (), tree: Path = REPO) -> KproxyProcess:
+    """kproxy (``tree``'s) in its own process, as it runs in production, through the
+    benchmarks' launcher (``_kproxy_process.py``: a slow disk, no live view).
 
     Not a thread of this process: the client's Python loop (confluent-kafka's
     ``consume`` builds a Python object per message) would share kproxy's GIL and
     the figures would measure that contention, which no deployment has.
-    Capture is controlled over the admin listener, as an operator would.
+    Capture is controlled over the admin listener, as an operator would (``capture``),
+    under the system's temporary directory.
     """
+    entry = [str(tree / LAUNCHER)]
+    if slow_disk_s:
+        entry += ["--slow-disk-ms", str(slow_disk_s * 1000)]
+    if without_live_view:
+        entry += ["--without-live-view"]
+    settings: dict = {}
+    if workers > 1:           # every worker binds the same ports: they must be given
+        settings = {"workers": workers, "broker_port_rule": "map",
+                    "broker_port_map": {node: free_port() for node in node_ids}}
+    return KproxyProcess(entry=tuple(entry), tree=tree, admin_token=secrets.token_hex(24),
+                         upstream=upstream, capture_root=tempfile.gettempdir(), **settings)
 
-    def __init__(self, upstream: str, slow_disk_s: float = 0.0, without_live_view: bool = False,
-                 workers: int = 1, node_ids: tuple[int, ...] = ()):
-        port = free_port()
-        self.bootstrap = f"127.0.0.1:{port}"
-        self.admin = f"127.0.0.1:{free_port()}"
-        launcher = Path(__file__).resolve().parent / "_kproxy_process.py"
-        self.argv = [sys.executable, str(launcher)]
-        if slow_disk_s:
-            self.argv += ["--slow-disk-ms", str(slow_disk_s * 1000)]
-        if without_live_view:
-            self.argv += ["--without-live-view"]
-        self.argv += ["run", "--upstream", upstream, "--listen", self.bootstrap,
-                      "--admin-listen", self.admin, "--log-level", "WARNING"]
-        if workers == 1:
-            self.argv += ["--broker-port-base", "0"]      # 0: the OS picks (no clashes)
-        else:                 # every worker binds the same ports: they must be given
-            self.argv += ["--workers", str(workers), "--broker-port-rule", "map", "--broker-port-map",
-                          ",".join(f"{node}={free_port()}" for node in node_ids)]
-        self.process: subprocess.Popen | None = None
-        # Capture control needs the admin token; captures go under the system's temp directory.
-        self.token = secrets.token_hex(24)
-        self.env = {**os.environ, "KPROXY_ADMIN_TOKEN": self.token,
-                    "KPROXY_CAPTURE_ROOT": tempfile.gettempdir()}
 
-    def __enter__(self):
-        self.process = subprocess.Popen(self.argv, env=self.env)
-        deadline = time.monotonic() + PROXY_START_TIMEOUT_S
-        while True:
-            try:
-                if self.request("GET", "/readyz")[0] == 200:
-                    return self
-            except OSError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise RuntimeError(f"kproxy did not become ready: {' '.join(self.argv)}")
-            time.sleep(0.1)
-
-    def __exit__(self, *exc):
-        if self.process is not None:
-            stop_process(self.process)
-
-    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict | str]:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"http://{self.admin}{path}", data=data, method=method,
-                                     headers={"Authorization": f"Bearer {self.token}"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                status, text = resp.status, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            status, text = exc.code, exc.read().decode()
-        try:
-            return status, json.loads(text)
-        except ValueError:
-            return status, text
-
-    def capture(self, action: str, body: dict | None = None) -> dict:
-        status, reply = self.request("POST", f"/capture/{action}", body or {})
-        if status != 200:
-            raise RuntimeError(f"capture {action}: HTTP {status}: {reply}")
-        return reply
+def capture(proxy: KproxyProcess, action: str, body: dict | None = None) -> dict:
+    """POST /capture/<action>: its JSON answer."""
+    status, reply = proxy.call(f"/capture/{action}", body or {})
+    if status != 200:
+        raise RuntimeError(f"capture {action}: HTTP {status}: {reply.decode(errors='replace')}")
+    return json.loads(reply)
 
 
 def produce(bootstrap: str, topic: str, records: int, size: int, before_start=None,
@@ -205,8 +163,8 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
         upstream = b.bootstrap_servers
         # --live-view: a second kproxy without the live page's observer ("nolive"), the
         # "before" of what that observer costs with no page open.
-        bare = stack.enter_context(ProxyProcess(upstream, without_live_view=True)) if live_view else None
-        with ProxyProcess(upstream, SLOW_DISK_DELAY_S if capture_dir else 0.0) as proxy:
+        bare = stack.enter_context(kproxy_process(upstream, without_live_view=True)) if live_view else None
+        with kproxy_process(upstream, SLOW_DISK_DELAY_S if capture_dir else 0.0) as proxy:
             # Alternate the paths so JVM warm-up and machine noise hit all of them; report
             # each one's best round.
             for round_no in range(rounds):
@@ -216,13 +174,13 @@ def run(broker: str, records: int, size: int, rounds: int, capture_dir: str | No
                     bootstrap = (upstream if label == "direct" else
                                  bare.bootstrap if label == "nolive" else proxy.bootstrap)
                     if label == "capture":
-                        proxy.capture("start", {"directory": capture_dir, "formats": list(capture_formats)})
+                        capture(proxy, "start", {"directory": capture_dir, "formats": list(capture_formats)})
                     topic = f"bench-{label}-{uuid.uuid4().hex[:6]}"
                     for op, seconds in (("produce", produce(bootstrap, topic, records, size)),
                                         ("consume", consume(bootstrap, topic, records))):
                         results.setdefault(f"{label}_{op}_rounds_mb_s", []).append(mb / seconds)
                     if label == "capture":
-                        counters = proxy.capture("stop")["counters"]
+                        counters = capture(proxy, "stop")["counters"]
                         for name in ("enqueued", "dropped", "rows_written"):   # cumulative
                             results[f"capture_{name}"] = counters[name]
     for label in labels:
@@ -281,25 +239,17 @@ def parallel(op: str, bootstrap: str, topics: list[str], records: int, size: int
     return len(topics) * records * size / 1e6 / seconds
 
 
-def proxy_cpu_seconds(proxy: "ProxyProcess") -> float:
+def proxy_cpu_seconds(proxy: KproxyProcess) -> float:
     """CPU seconds of every kproxy process (all workers' ``process_cpu_seconds_total`` summed)."""
-    from prometheus_client.parser import text_string_to_metric_families
-    status, text = proxy.request("GET", "/metrics")
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == "process_cpu_seconds_total")
+    return sum(value for (name, _), value in proxy.metrics().items() if name == "process_cpu_seconds_total")
 
 
-def connections_per_worker(proxy: "ProxyProcess") -> list[float]:
+def connections_per_worker(proxy: KproxyProcess) -> list[float]:
     """Client connections each worker of a ``--workers`` kproxy has accepted so far (from its
     private admin listener, listed by the supervisor's /workers)."""
-    from prometheus_client.parser import text_string_to_metric_families
-    counts = []
-    for worker in proxy.request("GET", "/workers")[1]["workers"]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{worker['admin_port']}/metrics", timeout=30) as r:
-            text = r.read().decode()
-        counts.append(sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                          if s.name == "kproxy_connections_opened_total"))
-    return counts
+    return [sum(value for (name, _), value in proxy.metrics(base=f"http://127.0.0.1:{worker['admin_port']}").items()
+                if name == "kproxy_connections_opened_total")
+            for worker in json.loads(proxy.call("/workers")[1])["workers"]]
 
 
 def run_workers(records: int, size: int, rounds: int, clients: int, warmup: int = 1) -> dict:
@@ -313,8 +263,8 @@ def run_workers(records: int, size: int, rounds: int, clients: int, warmup: int 
     with KafkaCluster(1) as cluster, contextlib.ExitStack() as stack:
         upstream = cluster.bootstrap_servers
         node_ids = tuple(node.node_id for node in cluster.nodes)
-        proxies = {"w1": stack.enter_context(ProxyProcess(upstream)),
-                   "w2": stack.enter_context(ProxyProcess(upstream, workers=2, node_ids=node_ids))}
+        proxies = {"w1": stack.enter_context(kproxy_process(upstream)),
+                   "w2": stack.enter_context(kproxy_process(upstream, workers=2, node_ids=node_ids))}
         for round_no in range(-warmup, rounds):
             for label in labels[round_no % 3:] + labels[:round_no % 3]:     # the order rotates
                 proxy = proxies.get(label)

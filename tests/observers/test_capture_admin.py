@@ -25,7 +25,7 @@ import pytest
 
 from kproxy import config as kconfig
 from kproxy.observers.capture.files import FileSet, directory_in_root, open_directory
-from tests.proxy.harness import ProxyProcess, ProxyThread
+from tests.proxy.harness import KproxyProcess, ProxyThread
 from tests.proxy.wire import API_VERSIONS, API_VERSIONS_FIELDS, RawClient
 
 TOKEN = secrets.token_hex(24)
@@ -115,12 +115,12 @@ CANARY_BOUND_S = 2.0
 HOSTILE_CLIENT_ID = "a" * 10_000 + "!"
 
 
-def test_a_client_id_cannot_make_a_capture_filter_freeze_the_proxy(kafka_cluster, root):
+def test_a_client_id_cannot_make_a_capture_filter_freeze_the_proxy(kafka_cluster, root, tmp_path):
     """``(a+)+$`` backtracks exponentially in Python's ``re`` on a long run of 'a' that ends
     otherwise; with RE2 it is linear, and only a client_id's first characters are looked at.
     kproxy runs in a process of its own: frozen, it would hold the test's interpreter lock."""
-    with ProxyProcess(upstream=kafka_cluster.bootstrap_servers, capture_root=str(root),
-                      admin_token=TOKEN, shutdown_timeout=5.0) as proxy:
+    with KproxyProcess(tmp_path, upstream=kafka_cluster.bootstrap_servers, capture_root=str(root),
+                       admin_token=TOKEN, shutdown_timeout=5.0) as proxy:
         status, body = call(proxy.admin_url + "/capture/start",
                             {"formats": ["jsonl"], "filter": {"client_id_regex": "(a+)+$"}})
         assert status == 200, body

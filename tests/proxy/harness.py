@@ -1,15 +1,16 @@
 """Real kproxies and the things tests put around them.
 
 - ``ProxyThread``: a Runtime on its own event-loop thread, for tests driving blocking clients;
-- ``ProxyProcess``: a ``ProxyThread`` in a spawned process, for tests that may freeze its loop;
-- ``KproxyProcess``: ``kproxy run`` in a process of its own (its memory, its limits, its workers);
+- ``KproxyProcess``: ``kproxy run`` in a process of its own (its memory, its limits, its workers,
+  a loop a test may freeze), from ``tests/kproxy_process.py``, which benchmarks share;
 - ``silent_port``: a broker that accepts connections and never answers;
 - ``Traffic``: a producer and a group consumer on threads of their own, counting what got through
   (``ConfluentTraffic``: with confluent-kafka);
 - ``kafka_python_group_consumer``: a kafka-python group member that cannot wedge on its first join;
 - ``GROUP_TIMEOUTS`` (librdkafka and Java names), ``KP_GROUP_TIMEOUTS`` (kafka-python's): how
   long a group member may go unheard before the broker expels it, and how often it speaks;
-- ``wait_for`` and ``http_status``: deadlines on a condition, and an HTTP answer as (status, text);
+- ``wait_for`` and ``http_status`` (from ``tests/kproxy_process.py`` too): deadlines on a
+  condition, and an HTTP answer as (status, text);
 - ``ssl_config``, ``sasl_config``: confluent-kafka settings for a client of a TLS or SASL kproxy.
 """
 
@@ -17,55 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import os
-import re
-import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.error
-import urllib.request
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Iterable, Iterator
 
 import uvloop
-from prometheus_client.parser import text_string_to_metric_families
 
 from kproxy import config as config_module
 from kproxy.embedded._support import free_port, free_ports  # noqa: F401  (tests import them from here)
 from kproxy.runtime import Runtime
+from tests.kproxy_process import REPO, KproxyProcess, http_status, wait_for  # noqa: F401  (tests import them from here)
 from tests.proxy.certs import PKI
 
 START_TIMEOUT_S = 10.0
-ANSWER_TIMEOUT_S = 30.0           # an HTTP answer (admin, probes) on a busy 2-core machine
-POLL_S = 0.05                     # how often a deadline loop re-checks its condition
-REPO = Path(__file__).resolve().parents[2]
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str):
-    """Poll ``condition()`` until it returns something truthy, and return that; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(POLL_S)
-
-
-def http_status(url: str, timeout: float = ANSWER_TIMEOUT_S) -> tuple[int, str]:
-    """(status, body text) of a GET, error statuses included."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def _proc_stat(pid: int) -> list[str] | None:
@@ -151,58 +119,6 @@ class ProxyThread:
     broker_addresses = property(served_broker_addresses)
 
 
-def _serve_in_child(settings: dict, conn) -> None:
-    """``ProxyProcess``'s child: a ProxyThread until the parent says stop (or goes away)."""
-    with ProxyThread(**settings) as proxy:
-        conn.send((proxy.bootstrap, proxy.admin_url))
-        try:
-            conn.recv()
-        except EOFError:
-            pass
-
-
-class ProxyProcess:
-    """``with ProxyProcess(**settings) as proxy:`` a ``ProxyThread`` in a process of its own.
-
-    For a test whose failure is a frozen event loop: a loop stuck in C code (a regular
-    expression backtracking) holds the interpreter lock, so in the test's own process
-    nothing would run again, the test's assertions and timeouts included. Here the test
-    fails, and the child is killed. The OS picks every port, as for ``ProxyThread``.
-    """
-
-    def __init__(self, **settings):
-        self.settings = settings
-        self._context = multiprocessing.get_context("spawn")
-        self._conn, child_conn = self._context.Pipe()
-        self.process = self._context.Process(target=_serve_in_child, args=(settings, child_conn),
-                                             daemon=True, name="kproxy-child")
-        self.bootstrap = self.admin_url = None
-
-    def __enter__(self) -> "ProxyProcess":
-        self.process.start()
-        try:
-            if not self._conn.poll(PROCESS_START_TIMEOUT_S):
-                raise AssertionError(f"kproxy did not start within {PROCESS_START_TIMEOUT_S:g}s")
-            self.bootstrap, self.admin_url = self._conn.recv()
-        except BaseException:
-            self.process.kill()
-            raise
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self._conn.send(None)
-        except OSError:
-            pass                                    # the child is gone already
-        self.process.join(PROCESS_STOP_TIMEOUT_S)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-            if exc is None:
-                raise AssertionError(f"kproxy did not stop within {PROCESS_STOP_TIMEOUT_S:g}s "
-                                     f"(its event loop is stuck); killed")
-
-
 @contextmanager
 def silent_port() -> Iterator[tuple[str, int]]:
     """(host, port) of a listener that is never accepted from and never answers: the
@@ -215,186 +131,6 @@ def silent_port() -> Iterator[tuple[str, int]]:
         yield listener.getsockname()
     finally:
         listener.close()
-
-
-# ---------------------------------------------------------------- kproxy run, in its own process
-
-PROCESS_START_TIMEOUT_S = 60.0    # an interpreter start and imports on a busy 2-core machine (workers: N+1)
-PROCESS_STOP_TIMEOUT_S = 30.0     # SIGTERM to exit; past it the process is killed
-LOG_TAIL_CHARS = 20_000           # of the process's log, shown with a failure
-
-
-# Where a `kproxy run` listens, from the start-up block it logs once serving
-# (kproxy/startup_log.py): bound addresses, so ports the OS picked are filled in.
-STARTUP_BOOTSTRAP = re.compile(r"^.* INFO kproxy\S*   kafka bootstrap  (\S+) \(clients told", re.M)
-STARTUP_ADMIN = re.compile(r"^.* INFO kproxy\S*   admin            (?:http://(\S+) |off)", re.M)
-STARTUP_PROBES = re.compile(r"^.* INFO kproxy\S*   probes           (?:http://(\S+) |off)", re.M)
-
-
-class Listening(NamedTuple):
-    """Where a ``kproxy run`` listens, as its start-up block says ("host:port"; None: off)."""
-    bootstrap: str
-    admin: str | None
-    probes: str | None
-
-
-def listening(log: str) -> Listening | None:
-    """The addresses in a ``kproxy run`` log's start-up block; None until it is all there
-    (the probes line comes after the other two)."""
-    bootstrap, admin, probes = (pattern.search(log) for pattern in
-                                (STARTUP_BOOTSTRAP, STARTUP_ADMIN, STARTUP_PROBES))
-    if not (bootstrap and admin and probes):
-        return None
-    return Listening(bootstrap[1], admin[1], probes[1])
-
-
-class KproxyProcess:
-    """``with KproxyProcess(tmp_path, upstream=..., **settings) as kproxy:`` a ``kproxy run``
-    process, configured by a TOML file written from ``settings``.
-
-    Every listener defaults to port 0 (the OS picks; broker listeners too, in gateway mode
-    with ports routing) and the test learns what was bound from the start-up block the
-    process logs (``bootstrap``, ``admin_url``, ``probe_url`` wait for it). With workers
-    > 1 every worker binds the same listen port, so that one is taken from ``free_port``.
-    On entry the process starts and, unless ``ready`` is None, is waited for until
-    ``GET <admin><ready>`` (the probe port's with ``admin_listen="off"``) answers 200; on
-    exit it gets SIGTERM (then SIGKILL past ``PROCESS_STOP_TIMEOUT_S``). A failure inside,
-    or in starting, carries the tail of the process's log. ``entry``: what runs kproxy
-    (``("-c", CODE)`` to patch a constant first).
-    """
-
-    def __init__(self, directory: Path, *, ready: str | None = "/readyz", env: dict[str, str] | None = None,
-                 preexec_fn: Callable[[], None] | None = None, entry: tuple[str, ...] = ("-m", "kproxy"),
-                 **settings: Any):
-        if settings.get("workers", 1) > 1:
-            settings.setdefault("listen", f"127.0.0.1:{free_port()}")    # one port, shared (SO_REUSEPORT)
-        settings.setdefault("listen", "127.0.0.1:0")
-        settings.setdefault("admin_listen", "127.0.0.1:0")
-        if (settings.get("mode", "gateway") == "gateway" and settings.get("routing", "ports") == "ports"
-                and settings["listen"].endswith(":0") and settings.get("broker_port_rule") != "map"):
-            settings.setdefault("broker_port_base", 0)
-        self.settings = settings
-        self.ready = ready
-        self.env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-        self.preexec_fn = preexec_fn
-        self.entry = entry
-        name = f"kproxy-{uuid.uuid4().hex[:6]}"
-        self.config_path = Path(directory) / f"{name}.toml"
-        self.log_path = Path(directory) / f"{name}.log"
-        self.process: subprocess.Popen | None = None
-        self._listening: Listening | None = None
-
-    def listening(self, timeout: float = PROCESS_START_TIMEOUT_S) -> Listening:
-        """Where it listens; waits for the start-up block (fails if the process exits first)."""
-        if self._listening is None:
-            def logged() -> Listening | None:
-                found = listening(self.log_text())
-                assert found or self.process.poll() is None, \
-                    f"kproxy exited with {self.process.returncode} before its start-up block"
-                return found
-            self._listening = wait_for(logged, timeout, "kproxy's start-up block")
-        return self._listening
-
-    @property
-    def listen_port(self) -> int:
-        return int(self.bootstrap.rpartition(":")[2])
-
-    @property
-    def bootstrap(self) -> str:
-        return self.listening().bootstrap
-
-    @property
-    def admin_url(self) -> str | None:
-        admin = self.listening().admin
-        return None if admin is None else f"http://{admin}"
-
-    @property
-    def probe_url(self) -> str | None:
-        probes = self.listening().probes
-        return None if probes is None else f"http://{probes}"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.returncode
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def _write_config(self) -> None:
-        lines = []
-        for key, value in self.settings.items():
-            if isinstance(value, dict):              # broker_port_map: "1=9101,2=9102"
-                value = ",".join(f"{k}={v}" for k, v in value.items())
-            lines.append(f"{key} = {json.dumps(value)}")     # JSON scalars are TOML scalars
-        self.config_path.write_text("\n".join(lines) + "\n")
-
-    def start(self) -> None:
-        self._listening = None
-        self._write_config()
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, *self.entry, "run", "--config", str(self.config_path)],
-                env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=self.preexec_fn)
-
-    def wait_ready(self, path: str = "/readyz", timeout: float = PROCESS_START_TIMEOUT_S) -> None:
-        def ready() -> bool:
-            assert self.process.poll() is None, f"kproxy exited with {self.process.returncode}"
-            try:
-                return http_status((self.admin_url or self.probe_url) + path, timeout=5)[0] == 200
-            except OSError:
-                return False
-        wait_for(ready, timeout, f"kproxy's {path} to answer 200")
-
-    def refusal(self, timeout: float = PROCESS_START_TIMEOUT_S) -> str:
-        """The one line (``kproxy run: error: ...``) a kproxy that gives up prints, once it
-        has exited with 1 and no traceback."""
-        assert self.process.wait(timeout) == 1, f"kproxy exited with {self.process.returncode}"
-        output = self.log_text()
-        assert "Traceback" not in output, output
-        lines = [line for line in output.splitlines() if line.startswith("kproxy run: error: ")]
-        assert len(lines) == 1, output
-        return lines[0]
-
-    def stop(self) -> int:
-        """SIGTERM, and its exit code; SIGKILL (and a failure) if it does not exit in time."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(PROCESS_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError(f"kproxy did not exit within {PROCESS_STOP_TIMEOUT_S:g}s of SIGTERM; "
-                                 f"killed") from None
-
-    def _add_log(self, exc: BaseException) -> None:
-        tail = self.log_text()[-LOG_TAIL_CHARS:] if self.log_path.exists() else "(none)"
-        exc.add_note(f"kproxy's log ({self.log_path}), its end:\n{tail}")
-
-    def __enter__(self) -> "KproxyProcess":
-        self.start()
-        if self.ready is not None:
-            try:
-                self.wait_ready(self.ready)
-            except BaseException as exc:
-                self.__exit__(type(exc), exc, exc.__traceback__)
-                raise
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self.stop()
-        except AssertionError as stopping:
-            if exc is None:
-                self._add_log(stopping)
-                raise
-            exc.add_note(str(stopping))
-        if exc is not None:
-            self._add_log(exc)
 
 
 # ---------------------------------------------------------------- clients that keep going
@@ -592,32 +328,11 @@ class Workers(KproxyProcess):
         # supervisor alone binds the admin and probe ports, so the OS picks them.
         listen, *broker_ports = free_ports(1 + len(node_ids))
         self.capture_root = tmp / "captures"
-        super().__init__(tmp, ready=ready, env={"KPROXY_ADMIN_TOKEN": WORKERS_TOKEN},
+        super().__init__(tmp, ready=ready, admin_token=WORKERS_TOKEN,
                          upstream=upstream, workers=workers, listen=f"127.0.0.1:{listen_port or listen}",
                          probe_listen="127.0.0.1:0",
                          broker_port_rule="map", broker_port_map=dict(zip(node_ids, broker_ports)),
                          shutdown_timeout=10, capture_root=str(self.capture_root))
-
-    def call(self, path: str, body: dict | None = None, token: str | None = WORKERS_TOKEN,
-             base: str | None = None) -> tuple[int, bytes]:
-        request = urllib.request.Request((base or self.admin_url) + path,
-                                         data=None if body is None else json.dumps(body).encode(),
-                                         method="GET" if body is None else "POST")
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=20) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
-
-    get = call
-
-    def metrics(self, base: str | None = None) -> dict[tuple, float]:
-        status, text = self.call("/metrics", base=base)
-        assert status == 200, text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for f in text_string_to_metric_families(text.decode()) for s in f.samples}
 
     def workers(self) -> list[dict]:
         return json.loads(self.call("/workers")[1])["workers"]
