@@ -52,3 +52,18 @@ def test_modules_in_a_loop_are_shown_unless_the_loop_is_for_type_checking_only(t
     })
     assert import_graph.module_cycles(package) == [
         "modules in a loop: kproxy.pipeline.report, kproxy.pipeline.report_policy"]
+
+
+def test_the_broker_directory_and_what_it_imports_own_no_socket():
+    """The broker directory (ports, advertised addresses, served nodes) is sans-I/O, like
+    the codec: testable without a socket or an event loop."""
+    from tests.protocol.test_layering import FORBIDDEN, imported_modules
+    reached = {edge.imported for edge in import_graph.module_imports()
+               if edge.importer == "kproxy.proxy.directory" and not edge.type_only}
+    assert "kproxy.config" in reached and not any(name.startswith("kproxy.proxy.") and name not in
+                                                  ("kproxy.proxy.directory", "kproxy.proxy.log_budget")
+                                                  for name in reached), reached
+    for module in ("kproxy.proxy.directory", "kproxy.proxy.log_budget", "kproxy.certs.sni",
+                   "kproxy.observers.contract"):
+        path = import_graph.modules()[module]
+        assert not {name.split(".")[0] for name in imported_modules(path)} & FORBIDDEN, module

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -76,8 +77,14 @@ def _type_only_lines(tree: ast.Module) -> set[int]:
             for stmt in block.body for node in ast.walk(stmt) if isinstance(node, (ast.Import, ast.ImportFrom))}
 
 
-def module_imports(package: Path = PACKAGE) -> list[Import]:
-    """Every import of one of kproxy's modules by another, as the module it reaches."""
+def module_imports(package: Path = PACKAGE) -> tuple[Import, ...]:
+    """Every import of one of kproxy's modules by another, as the module it reaches (read
+    once per process)."""
+    return _module_imports(package)
+
+
+@functools.cache
+def _module_imports(package: Path) -> tuple[Import, ...]:
     known = modules(package)
 
     def reached(name: str) -> str | None:            # the module a dotted name lies in
@@ -104,7 +111,7 @@ def module_imports(package: Path = PACKAGE) -> list[Import]:
                 if imported is not None and imported != importer and not importer.startswith(imported + "."):
                     found.append(Import(importer, imported, str(path.relative_to(package.parent)),
                                         node.lineno, node.lineno in type_only))
-    return found
+    return tuple(found)
 
 
 def imports(package: Path = PACKAGE) -> list[Import]:
