@@ -26,7 +26,6 @@ import re
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
+from tests.kproxy_process import KproxyProcess  # noqa: E402
 
 START_TIMEOUT_S = 60.0
 SETTLE_S = 2.0                 # RSS must stay put this long to count as settled
@@ -49,12 +49,6 @@ GOAL_FAILURES = 0
 GOAL_SCRAPE_S = 1.0
 API_VERSIONS = 18
 PRODUCE = 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss(pid: int) -> int:
@@ -77,31 +71,30 @@ def produce_start(frame_bytes: int, held: int) -> bytes:
     return (frame + b"r" * held)[:held]
 
 
-class Kproxy:
+class Kproxy(KproxyProcess):
+    """``kproxy run`` of ``tree`` (``KPROXY_ENTRY``: how to start it, default ``-m kproxy``),
+    serving once entered; its log in ``log_path``."""
+
     def __init__(self, tree: Path, upstream: str, log_path: Path):
-        self.listen, self.admin = free_port(), free_port()
+        super().__init__(log_path.parent, name=log_path.stem, tree=tree, upstream=upstream,
+                         entry=tuple(os.environ.get("KPROXY_ENTRY", "-m kproxy").split()))
         self.upstream = upstream
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, *os.environ.get("KPROXY_ENTRY", "-m kproxy").split(), "run", "--upstream", upstream,
-             "--listen", f"127.0.0.1:{self.listen}", "--admin-listen", f"127.0.0.1:{self.admin}",
-             "--broker-port-base", "0", "--log-level", "INFO"],
-            cwd=str(tree), env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/readyz", timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"kproxy did not start: {log_path.read_text()[-2000:]}")
-                time.sleep(0.2)
+
+    def __enter__(self) -> "Kproxy":
+        super().__enter__()
         time.sleep(1.0)
+        return self
+
+    @property
+    def listen(self) -> int:
+        return self.listen_port
+
+    @property
+    def admin(self) -> int:
+        return int(self.admin_url.rpartition(":")[2])
 
     def rss(self) -> int:
-        return rss(self.proc.pid)
+        return rss(self.pid)
 
     def settled_rss(self) -> int:
         """RSS once it has stopped growing (kproxy has read what was sent)."""
@@ -117,10 +110,9 @@ class Kproxy:
         return max(last, self.rss())
 
     def close(self) -> str:
-        self.proc.terminate()
-        self.proc.wait(30)
-        self.log.close()
-        return self.log_path.read_text(errors="replace")
+        """Stop it; its whole log."""
+        self.stop()
+        return self.log_text()
 
 
 def probe_partial(kproxy: Kproxy, args) -> dict:
@@ -284,11 +276,11 @@ def main() -> int:
         probes = ("partial", "pipeline") if args.probe == "both" else (args.probe,)
         for probe in probes:
             for name, tree in trees.items():
-                kproxy = Kproxy(tree, bootstrap, Path(args.logs) / f"kproxy-{probe}-{name}.log")
+                kproxy = Kproxy(tree, bootstrap, Path(args.logs) / f"kproxy-{probe}-{name}.log").__enter__()
                 try:
                     result = probe_partial(kproxy, args) if probe == "partial" else probe_pipeline(kproxy, args)
                 finally:
-                    if kproxy.proc.poll() is None:
+                    if kproxy.process.poll() is None:
                         kproxy.close()
                 print(probe, name, " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                                            for k, v in result.items()), flush=True)

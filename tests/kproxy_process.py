@@ -113,13 +113,14 @@ class KproxyProcess:
     ``directory``: where the config file and the log go (None: a temporary directory,
     removed on exit). ``entry``: what runs kproxy, after the interpreter. ``tree``: the
     checkout it runs (``PYTHONPATH`` and working directory). ``admin_token``: given to the
-    process in ``KPROXY_ADMIN_TOKEN`` and sent by ``call``.
+    process in ``KPROXY_ADMIN_TOKEN`` and sent by ``call``. ``name``: of the config and log
+    files (default: a fresh one).
     """
 
     def __init__(self, directory: Path | None = None, *, ready: str | None = "/readyz",
                  env: dict[str, str] | None = None, preexec_fn: Callable[[], None] | None = None,
                  entry: tuple[str, ...] = ("-m", "kproxy"), tree: Path = REPO,
-                 admin_token: str | None = None, **settings: Any):
+                 admin_token: str | None = None, name: str | None = None, **settings: Any):
         if settings.get("workers", 1) > 1:
             settings.setdefault("listen", f"127.0.0.1:{free_port()}")    # one port, shared (SO_REUSEPORT)
         settings.setdefault("listen", "127.0.0.1:0")
@@ -137,7 +138,7 @@ class KproxyProcess:
         self.tree = tree
         self._own_directory = directory is None
         directory = Path(tempfile.mkdtemp(prefix="kproxy-")) if directory is None else Path(directory)
-        name = f"kproxy-{uuid.uuid4().hex[:6]}"
+        name = name or f"kproxy-{uuid.uuid4().hex[:6]}"
         self.config_path = directory / f"{name}.toml"
         self.log_path = directory / f"{name}.log"
         self.process: subprocess.Popen | None = None

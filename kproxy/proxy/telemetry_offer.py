@@ -27,7 +27,7 @@ from ..protocol.connection import RequestReceived, ResponseReceived
 from ..protocol.records import CODEC_NAMES
 from ..protocol.schema import UNSUPPORTED_VERSION      # also the answer to a denied client that asks anyway
 from ..protocol.api_keys import ApiKey
-from ..telemetry_settings import TelemetryOffer, TelemetryOfferError  # noqa: F401  (its settings, parsed by config)
+from ..telemetry_settings import TelemetryOffer    # its settings, parsed by the config
 
 _API_VERSIONS = int(ApiKey.API_VERSIONS)   # a plain int: compared per event
 # What a client may send per push: Kafka's default telemetry.max.bytes.
