@@ -70,6 +70,7 @@ def http_status(url: str, timeout: float = ANSWER_TIMEOUT_S) -> tuple[int, str]:
 # (kproxy/startup_log.py): bound addresses, so ports the OS picked are filled in.
 STARTUP_BOOTSTRAP = re.compile(r"^.* INFO kproxy\S*   kafka bootstrap  (\S+) \(clients told", re.M)
 STARTUP_ADMIN = re.compile(r"^.* INFO kproxy\S*   admin            (?:http://(\S+) |off)", re.M)
+LOGS_START_UP_BLOCK = ("INFO", "DEBUG")      # the log levels at which a kproxy logs that block
 STARTUP_PROBES = re.compile(r"^.* INFO kproxy\S*   probes           (?:http://(\S+) |off)", re.M)
 
 
@@ -121,6 +122,9 @@ class KproxyProcess:
                  env: dict[str, str] | None = None, preexec_fn: Callable[[], None] | None = None,
                  entry: tuple[str, ...] = ("-m", "kproxy"), tree: Path = REPO,
                  admin_token: str | None = None, name: str | None = None, **settings: Any):
+        if str(settings.get("log_level", "INFO")).upper() not in LOGS_START_UP_BLOCK:
+            raise ValueError("KproxyProcess learns where kproxy listens from its start-up block, "
+                             "logged at INFO: log_level must be INFO or DEBUG")
         if settings.get("workers", 1) > 1:
             settings.setdefault("listen", f"127.0.0.1:{free_port()}")    # one port, shared (SO_REUSEPORT)
         settings.setdefault("listen", "127.0.0.1:0")
