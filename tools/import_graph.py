@@ -28,13 +28,14 @@ ROOT = "kproxy"          # the package itself (``from . import __version__``)
 
 # Bottom first. A part imports only parts of its own layer or of lower ones.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
-    "kproxy patterns spelling settings_file readiness allocator telemetry_settings",  # leaves
+    "kproxy patterns spelling settings_file readiness http_limits allocator telemetry_settings",  # leaves
     "protocol",                                  # the sans-I/O codec
     "policy",                                    # rules over decoded requests
     "observers certs",                           # fed events; TLS files and SNI names
     "config",                                    # one frozen config of typed sections
     "proxy",                                     # asyncio, the only owner of sockets
-    "admin probes",                              # the HTTP faces; the probe process
+    "probes",                                    # /healthz and /readyz, a process of their own
+    "admin",                                     # the HTTP faces
     "startup_log runtime",                       # wiring
     "workers",                                   # kproxy run --workers N
     "embedded pipeline",                         # brokers on loopback; the capture analysis

@@ -7,8 +7,9 @@
 - ``worker_admin`` and ``live_merge``: the supervisor's admin listener with
   ``kproxy run --workers N``: metrics summed, captures and the live page merged from
   every worker's private admin listener.
-- ``http_limits``: the limits every kproxy HTTP listener holds callers to (the probe
-  process, which must not import aiohttp, shares them); it imports nothing.
+
+The limits every kproxy HTTP listener holds callers to are ``kproxy.http_limits``, below
+this package: the probe process, which must not import aiohttp, shares them.
 
 Nothing here touches a Kafka connection: these faces read observers and the runtime.
 """

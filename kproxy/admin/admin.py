@@ -44,7 +44,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .http_limits import LISTEN_BACKLOG, MAX_HEADER_LINES, MAX_LINE_BYTES, READ_TIMEOUT_S
+from ..http_limits import LISTEN_BACKLOG, MAX_HEADER_LINES, MAX_LINE_BYTES, READ_TIMEOUT_S
 
 log = logging.getLogger("kproxy.admin")
 

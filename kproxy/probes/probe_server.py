@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 
-from ..admin.http_limits import LISTEN_BACKLOG, MAX_HEADER_LINES, MAX_LINE_BYTES
+from ..http_limits import LISTEN_BACKLOG, MAX_HEADER_LINES, MAX_LINE_BYTES
 from .probe_board import Board
 from .probes import READY_POLL_S, READY_WAIT_S, health_answer, needs_refresh, ready_answer
 

@@ -48,7 +48,7 @@ import sys
 import time
 from typing import Awaitable, Callable, Collection
 
-from ..admin.http_limits import READ_TIMEOUT_S
+from ..http_limits import READ_TIMEOUT_S
 from ..readiness import READINESS_CACHE_S, READY_WAIT_S
 from .probe_board import Board, SlotState
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.admin.http_limits import MAX_HEADER_LINES, MAX_LINE_BYTES
+from kproxy.http_limits import MAX_HEADER_LINES, MAX_LINE_BYTES
 from kproxy.probes.probe_board import REASON_BYTES, Board, SlotState
 from kproxy.probes.probe_server import MAX_CONNECTIONS
 from kproxy.probes.probes import ProbeProcess
