@@ -603,6 +603,15 @@ class _RecordMetrics:
                 if topics.label is not None and nbytes:
                     topics.count(topics.produced, topic, nbytes)
 
+    def produce_tally(self, tally, topics: "_TopicMetrics") -> None:
+        """As ``produce``, from a Produce request's tally."""
+        produced, labelled = self.produced, topics.label is not None
+        for topic in tally.topics:
+            for records in topic.records:
+                nbytes = self.count(records, produced)
+                if labelled and nbytes:
+                    topics.count_topic(topics.produced, topic.name, topic.topic_id, nbytes)
+
     def fetch(self, body, topics: "_TopicMetrics") -> int:
         """A Fetch (or ShareFetch) answer's records; returns their bytes (0: an empty long poll)."""
         total = 0
@@ -656,9 +665,14 @@ class _TopicMetrics:
         return self.names.get(topic_id) or str(topic_id)
 
     def count(self, counts: TopicBytes, topic, nbytes: int) -> None:
-        """Bytes of a topic under its name, or under its id until the name is known."""
+        """Bytes of a topic (a decoded struct) under its name, or under its id until the name is known."""
         name = getattr(topic, "name", None) or getattr(topic, "topic", None)
-        topic_id = None if name else getattr(topic, "topic_id", None)
+        self.count_topic(counts, name, None if name else getattr(topic, "topic_id", None), nbytes)
+
+    def count_topic(self, counts: TopicBytes, name: str | None, topic_id, nbytes: int) -> None:
+        """As ``count``, for a topic given by ``name`` or else ``topic_id``."""
+        if name:
+            topic_id = None
         if topic_id is not None:
             name = self.names.get(topic_id)
             if not name:
@@ -926,7 +940,13 @@ class Metrics:
         if event.streamed:                    # no body: nothing more to count
             self.pairs.streamed["request"].inc()
             return
-        request = event.partial               # Produce: only topics and records decoded
+        tally = event.tally                   # Produce: records read from the frame, nothing decoded
+        if tally is not None:
+            if self.client_id_label is not None:
+                self.client_requests.labels(self.client_id_label(tally.client_id)).inc()
+            self.records.produce_tally(tally, self.topics)
+            return
+        request = event.partial               # Produce (unusual frames): only topics and records decoded
         if request is None:
             self.pairs.undecoded["request"].inc()
             return
@@ -957,6 +977,10 @@ class Metrics:
         if event.streamed:
             self.pairs.streamed["response"].inc()
             series.latency.observe(latency)
+            return
+        tally = event.tally                   # Produce: what is read below, read from the frame
+        if tally is not None:
+            self._produce_answer(series, tally, latency)
             return
         response = event.partial              # Produce, Fetch: only the fields read below decoded
         if response is None:
@@ -999,6 +1023,18 @@ class Metrics:
             self.groups.answered(event, series.name, body, codes)
         elif api_key == _API_VERSIONS:
             self.software.named(event, info, body)
+
+    def _produce_answer(self, series: _ApiSeries, tally, latency: float) -> None:
+        """A Produce answer's tally: as ``_response`` counts its partial body (no long poll,
+        no group or software to follow)."""
+        series.latency.observe(latency)
+        throttle_ms = tally.throttle_time_ms
+        if throttle_ms is not None:
+            series.throttle.observe(throttle_ms / 1000.0)
+            if throttle_ms > 0:
+                series.throttled += 1
+        for code in tally.errors:
+            self.pairs.error_child(series.name, code).inc()
 
     # ------------------------------------------------------------ hooks (see ``contract.Hook``)
 

@@ -93,11 +93,13 @@ class TopicNameLookup:
             self._asking = asyncio.get_running_loop().create_task(self._ask_waiting())
 
     def _request(self, event: RequestReceived) -> None:
-        request = event.partial
-        if request is None or request.body.__class__ is OpaqueBody:
-            return
-        body = request.body
-        topics = body.topics if event.api_key == FETCH_KEY else body.topic_data
+        topics = event.tally.topics if event.tally is not None else None    # Produce, read from the frame
+        if topics is None:
+            request = event.partial
+            if request is None or request.body.__class__ is OpaqueBody:
+                return
+            body = request.body
+            topics = body.topics if event.api_key == FETCH_KEY else body.topic_data
         for topic in topics or ():
             topic_id = topic.topic_id
             if topic_id in self.names:
