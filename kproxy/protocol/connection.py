@@ -44,7 +44,7 @@ from .api_keys import ApiKey
 from .errors import DecodeError
 from .messages import Request, Response, decode_request, decode_response
 from .skim import SKIMMED_REQUESTS, SKIMMED_RESPONSES, skim_request, skim_response
-from .tally import ProduceAnswerTally, ProduceTally, tally_request, tally_response
+from .tally import TALLIED as _TALLIED, tally_request, tally_response
 
 # Kafka's own default for socket.request.max.bytes; a larger frame means a
 # broken or hostile peer, and buffering it would let one connection eat memory.
@@ -213,7 +213,7 @@ class RequestReceived(_FrameEvent):
         self._request: Request | None = None
         self._error: DecodeError | None = None
         self._partial: Request | None = None
-        self._tally: ProduceTally | None | object = _UNREAD
+        self._tally = _UNREAD
 
     @property
     def api_name(self) -> str:
@@ -251,13 +251,13 @@ class RequestReceived(_FrameEvent):
         return partial
 
     @property
-    def tally(self) -> ProduceTally | None:
-        """What the observers count of a Produce request, read from the frame (``tally``; once);
-        None for other APIs and unusual frames: ``partial`` then."""
+    def tally(self):
+        """What the observers count of a Produce or Fetch request, read from the frame
+        (``tally``; once); None for other APIs and unusual frames: ``partial`` then."""
         tally = self._tally
         if tally is _UNREAD:
             tally = self._tally = tally_request(self.frame) \
-                if self.api_key == _PRODUCE and not self._streamed_size else None
+                if self.api_key in _TALLIED and not self._streamed_size else None
         return tally
 
     @property
@@ -288,7 +288,7 @@ class ResponseReceived(_FrameEvent):
         self._response: Response | None = None
         self._error: DecodeError | None = None
         self._partial: Response | None = None
-        self._tally: ProduceAnswerTally | None | object = _UNREAD
+        self._tally = _UNREAD
 
     @property
     def correlation_id(self) -> int:
@@ -336,13 +336,13 @@ class ResponseReceived(_FrameEvent):
         return partial
 
     @property
-    def tally(self) -> ProduceAnswerTally | None:
-        """As ``RequestReceived.tally``, for a Produce answer."""
+    def tally(self):
+        """As ``RequestReceived.tally``, for a Produce or Fetch answer."""
         tally = self._tally
         if tally is _UNREAD:
             request = self.request_event
-            tally = self._tally = tally_response(self.frame, request.api_version) \
-                if request.api_key == _PRODUCE and not self._streamed_size else None
+            tally = self._tally = tally_response(self.frame, request.api_key, request.api_version) \
+                if request.api_key in _TALLIED and not self._streamed_size else None
         return tally
 
     @property
