@@ -263,7 +263,12 @@ def _request(buf) -> ProduceTally | None:
                 n = buf[pos] - 1
                 pos += 1
                 if n >= 0x7F:            # records of 127 bytes and more
-                    n, pos = _long_length(buf, pos - 1)
+                    b = buf[pos]
+                    if 0 < b < 0x80:     # two bytes (up to 16 KiB), minimal
+                        n = ((n + 1) & 0x7F | b << 7) - 1     # n + 1: the first byte
+                        pos += 1
+                    else:
+                        n, pos = _long_length(buf, pos - 1)
             else:
                 n, = _I32(buf, pos)
                 pos += 4
@@ -349,8 +354,11 @@ def _response(buf, version: int) -> ProduceAnswerTally | None:
                 errors.append(code)
             pos += fixed
             if record_errors:
-                pos = _skip_record_errors(buf, pos, flexible, end)
-                pos = _skip_nullable_string(buf, pos, flexible, end)      # error_message
+                if flexible and buf[pos] == 1 and buf[pos + 1] == 0:
+                    pos += 2                     # no record errors, no error message: nearly always
+                else:
+                    pos = _skip_record_errors(buf, pos, flexible, end)
+                    pos = _skip_nullable_string(buf, pos, flexible, end)      # error_message
             if flexible:
                 if buf[pos]:             # the leader hint (current_leader) or unknown tags
                     return None
@@ -591,8 +599,13 @@ def _fetch_response(buf, version: int) -> FetchAnswerTally | None:
             if flexible:
                 n = buf[pos] - 1
                 pos += 1
-                if n >= 0x7F:
-                    n, pos = _long_length(buf, pos - 1)
+                if n >= 0x7F:            # records of 127 bytes and more
+                    b = buf[pos]
+                    if 0 < b < 0x80:     # two bytes (up to 16 KiB), minimal
+                        n = ((n + 1) & 0x7F | b << 7) - 1     # n + 1: the first byte
+                        pos += 1
+                    else:
+                        n, pos = _long_length(buf, pos - 1)
             else:
                 n, = _I32(buf, pos)
                 pos += 4
