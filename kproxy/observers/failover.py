@@ -5,8 +5,8 @@ Produce, Fetch and Metadata (and at the ApiVersions and SASL pairs that say who 
 connection is); everything else passes with one set lookup. A Produce or Fetch
 answer is read from its skimmed body (``protocol.skim`` keeps each partition's
 index, error code and KIP-951 leader hint), which the metrics decode anyway, so
-following failovers costs a walk over the answer's partitions; a Produce answer
-with no error, from its tally (``protocol.tally``), which the metrics read anyway.
+following failovers costs a walk over the answer's partitions; an answer with no
+error, only its tally (``protocol.tally``), which the metrics read anyway.
 
 The rules are ``protocol.failover``'s (shared with ``kproxy analyze``): a client is
 its client id, software, principal and host, all its connections together. Each
@@ -111,7 +111,7 @@ class Failovers:
             self._changes.extend(self.leaders.learn(answers, event.time + offset, "metadata"))
             self.tracker.metadata(client, event.time + offset)
             return
-        tally = event.tally                      # Produce: its error codes, read from the frame
+        tally = event.tally                      # Produce, Fetch: error codes read from the frame
         if tally is not None and not tally.errors and not self.tracker.failing(client):
             return                               # the common case: nothing failed, nothing pending
         response = event.partial

@@ -17,13 +17,13 @@ from hypothesis import given, settings, strategies as st
 from kproxy.protocol import (DecodeError, Request, Response, Struct, decode_request, decode_response,
                              encode_request, encode_response, new_body, schema)
 from kproxy.protocol.connection import Connection
-from kproxy.protocol.tally import (FETCH, FETCH_NEWEST_LAYOUT, NEWEST_LAYOUT, PRODUCE, tally_request,
+from kproxy.protocol.tally import (FETCH, FETCH_NEWEST_LAYOUT, PRODUCE, PRODUCE_NEWEST_LAYOUT, tally_request,
                                    tally_response)
 from kproxy.protocol.walk import error_codes
 from tests.protocol.mutations import mutate
 from tests.protocol.samples import sample_body
 
-NEWEST = {PRODUCE: NEWEST_LAYOUT, FETCH: FETCH_NEWEST_LAYOUT}
+NEWEST = {PRODUCE: PRODUCE_NEWEST_LAYOUT, FETCH: FETCH_NEWEST_LAYOUT}
 MESSAGES = [(key, v) for key in (PRODUCE, FETCH)
             for v in range(schema.REQUESTS[key].versions[0], schema.REQUESTS[key].versions[1] + 1)]
 SETTINGS = settings(max_examples=25, deadline=None)
