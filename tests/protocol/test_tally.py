@@ -22,6 +22,7 @@ from kproxy.protocol.tally import (FETCH, FETCH_NEWEST_LAYOUT, PRODUCE, PRODUCE_
 from kproxy.protocol.walk import error_codes
 from tests.protocol.mutations import mutate
 from tests.protocol.samples import sample_body
+from tests.soak import run_for
 
 NEWEST = {PRODUCE: PRODUCE_NEWEST_LAYOUT, FETCH: FETCH_NEWEST_LAYOUT}
 MESSAGES = [(key, v) for key in (PRODUCE, FETCH)
@@ -200,7 +201,7 @@ CORPUS = [(kind, key, v, request_frame(key, v, sized(untagged(sample_body(kind, 
           for kind in ("request", "response") for key, v in MESSAGES for seed in range(3)]
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(index=st.integers(0, len(CORPUS) - 1), seed=st.integers(0, 2**32 - 1), rounds=st.integers(1, 4),
        as_view=st.booleans())
 def test_a_mutated_frame_with_a_tally_decodes_to_it(index, seed, rounds, as_view):
@@ -232,3 +233,10 @@ def test_events_tally_produce_and_fetch_only_and_once():
     heartbeat = encode_request(Request(12, 4, 8, "x", sample_body("request", 12, 4)))
     other, = conn.receive_client(len(heartbeat).to_bytes(4, "big") + heartbeat)
     assert other.tally is None
+
+
+@pytest.mark.soak
+def test_soak_tallies(soak_seconds):
+    """The mutation property above, batch after batch, for ``--soak-seconds``."""
+    batches = run_for(soak_seconds, test_a_mutated_frame_with_a_tally_decodes_to_it)
+    print(f"tally soak: {batches} batches")
