@@ -321,7 +321,15 @@ def exposition(batch_records: int) -> bytes:
               (12, 4, dict(group_id="g", generation_id=3, member_id="m"), dict(error_code=27)),
               (11, 9, dict(group_id="g", member_id="", protocol_type="consumer", protocols=[]),
                dict(generation_id=4, leader="m", member_id="m", members=[Struct(member_id="m")])),
-              (14, 5, dict(group_id="g", generation_id=4, member_id="m"), dict())]
+              (14, 5, dict(group_id="g", generation_id=4, member_id="m"), dict()),
+              # Produce answers a tally does not read (a leader hint: tagged), and a classic version.
+              (0, 10, dict(acks=-1, topic_data=[Struct(name="t", partition_data=[Struct(index=1, records=None)])]),
+               dict(responses=[Struct(name="t", partition_responses=[Struct(
+                   index=1, error_code=6, current_leader=Struct(leader_id=2, leader_epoch=7))])])),
+              (0, 3, dict(transactional_id="tx", acks=-1, topic_data=[Struct(name="t", partition_data=[
+                  Struct(index=2, records=None)])]),
+               dict(throttle_time_ms=5, responses=[Struct(name="t", partition_responses=[
+                   Struct(index=2, error_code=19)])]))]
     streams = [mix_streams(kind, batch_records)[:2] for kind in MIX_KINDS]
     client, broker = [], []
     for i, (api_key, version, request, response) in enumerate(errors):
@@ -335,6 +343,8 @@ def exposition(batch_records: int) -> bytes:
     broker.append(framed(struct.pack(">i", 51)))
     client.append(framed(struct.pack(">hhih", 12, 4, 52, 0) + b"\x00"))   # Heartbeat cut short
     broker.append(framed(struct.pack(">i", 52) + b"\x00"))
+    client.append(framed(struct.pack(">hhih", 0, 9, 53, -1) + b"\x00\x00\x00\x01\x00\x00"))  # Produce cut short
+    broker.append(framed(struct.pack(">i", 53) + b"\x00\x01"))                   # an answer cut short
     streams.append((client, broker))
     for client, broker in streams:
         conn = Connection(hold=proxy.hold, transform=proxy.transform, clock=clock)

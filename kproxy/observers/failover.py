@@ -5,7 +5,8 @@ Produce, Fetch and Metadata (and at the ApiVersions and SASL pairs that say who 
 connection is); everything else passes with one set lookup. A Produce or Fetch
 answer is read from its skimmed body (``protocol.skim`` keeps each partition's
 index, error code and KIP-951 leader hint), which the metrics decode anyway, so
-following failovers costs a walk over the answer's partitions.
+following failovers costs a walk over the answer's partitions; an answer with no
+error, only its tally (``protocol.tally``), which the metrics read anyway.
 
 The rules are ``protocol.failover``'s (shared with ``kproxy analyze``): a client is
 its client id, software, principal and host, all its connections together. Each
@@ -95,7 +96,7 @@ class Failovers:
             self._learn(conn, key, event)
             return
         if conn.client_id is None:             # read once: a connection keeps its client id
-            decoded = request.request if key == METADATA_KEY else request.partial
+            decoded = request.request if key == METADATA_KEY else (request.tally or request.partial)
             if decoded is not None and decoded.client_id is not None:
                 conn.client_id, conn.key = decoded.client_id, None
         client = conn.key or self._key(conn, info)
@@ -110,11 +111,14 @@ class Failovers:
             self._changes.extend(self.leaders.learn(answers, event.time + offset, "metadata"))
             self.tracker.metadata(client, event.time + offset)
             return
+        tally = event.tally                      # Produce, Fetch: error codes read from the frame
+        if tally is not None and not tally.errors and not self.tracker.failing(client):
+            return                               # the common case: nothing failed, nothing pending
         response = event.partial
         if response is None or response.is_opaque:
             return
         if not self.tracker.failing(client) and not any_error(key, response.body):
-            return                               # the common case: nothing failed, nothing pending
+            return
         answers = partition_answers(key, response.body, self._names)
         if not answers:
             return

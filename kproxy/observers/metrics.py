@@ -602,6 +602,27 @@ class _RecordMetrics:
                 if topics.label is not None and nbytes:
                     topics.count(topics.produced, topic, nbytes)
 
+    def produce_tally(self, tally, topics: "_TopicMetrics") -> None:
+        """As ``produce``, from a Produce request's tally."""
+        produced, labelled = self.produced, topics.label is not None
+        for topic in tally.topics:
+            for records in topic.records:
+                nbytes = self.count(records, produced)
+                if labelled and nbytes:
+                    topics.count_topic(topics.produced, topic.name, topic.topic_id, nbytes)
+
+    def fetch_tally(self, tally, topics: "_TopicMetrics") -> int:
+        """As ``fetch``, from a Fetch answer's tally."""
+        fetched, labelled = self.fetched, topics.label is not None
+        total = 0
+        for topic in tally.topics:
+            for partition in topic.partitions:
+                nbytes = self.count(partition.records, fetched)
+                total += nbytes
+                if labelled and nbytes:
+                    topics.count_topic(topics.fetched, topic.name, topic.topic_id, nbytes)
+        return total
+
     def fetch(self, body, topics: "_TopicMetrics") -> int:
         """A Fetch (or ShareFetch) answer's records; returns their bytes (0: an empty long poll)."""
         total = 0
@@ -654,10 +675,21 @@ class _TopicMetrics:
             return ""
         return self.names.get(topic_id) or str(topic_id)
 
+    def name_of_key(self, key) -> str:
+        """As ``name_of``, for a topic given by its name or id (a tally's)."""
+        if key.__class__ is str:
+            return key
+        return self.names.get(key) or str(key)
+
     def count(self, counts: TopicBytes, topic, nbytes: int) -> None:
-        """Bytes of a topic under its name, or under its id until the name is known."""
+        """Bytes of a topic (a decoded struct) under its name, or under its id until the name is known."""
         name = getattr(topic, "name", None) or getattr(topic, "topic", None)
-        topic_id = None if name else getattr(topic, "topic_id", None)
+        self.count_topic(counts, name, None if name else getattr(topic, "topic_id", None), nbytes)
+
+    def count_topic(self, counts: TopicBytes, name: str | None, topic_id, nbytes: int) -> None:
+        """As ``count``, for a topic given by ``name`` or else ``topic_id``."""
+        if name:
+            topic_id = None
         if topic_id is not None:
             name = self.names.get(topic_id)
             if not name:
@@ -820,6 +852,46 @@ class _LagMetrics:
                 elif committed and partition.high_watermark >= 0:
                     entry[1] = partition.high_watermark
 
+    def fetch_tallied(self, event: ResponseReceived, info, asked, answer) -> None:
+        """As ``fetch_answered``, from the Fetch request's and answer's tallies (``protocol.tally``)."""
+        if answer.error_code or asked.replica_id >= 0:
+            return                               # a follower broker replicating, not a consumer
+        conn_id = info.id if info is not None else 0
+        state = self.positions.get(conn_id)
+        if state is None:
+            client = self.client_id_label(asked.client_id) if self.client_id_label is not None else None
+            state = self.positions[conn_id] = _FetchPositions(client)
+        partitions = state.partitions
+        if asked.session_epoch <= 0:             # a full fetch: it lists every partition
+            partitions.clear()
+        for key, indexes in asked.forgotten:
+            for index in indexes:
+                partitions.pop((key, index), None)
+        topic_label = self.topics.label
+        for key, wanted in asked.topics:
+            label = None
+            for index, offset in wanted:
+                entry = partitions.get((key, index))
+                if entry is not None:
+                    entry[0] = offset
+                elif len(partitions) < MAX_LAG_PARTITIONS_PER_CONNECTION:
+                    if topic_label is not None and label is None:
+                        label = topic_label(self.topics.name_of_key(key))
+                    partitions[(key, index)] = [offset, -1, label]
+        committed = asked.isolation_level == READ_COMMITTED
+        by_name = event.api_version < FETCH_BY_TOPIC_ID
+        for topic in answer.topics:
+            key = topic.name if by_name else topic.topic_id
+            for partition in topic.partitions:
+                entry = partitions.get((key, partition.index))
+                if entry is None or partition.error_code:
+                    continue
+                end = partition.last_stable_offset if committed else partition.high_watermark
+                if end >= 0:                     # v0-3 have no last stable offset (-1)
+                    entry[1] = end
+                elif committed and partition.high_watermark >= 0:
+                    entry[1] = partition.high_watermark
+
     def topic_named(self, topic_id, name: str) -> None:
         """Partitions consumers fetched by ``topic_id`` get its name as their topic label."""
         if self.topics.label is None:
@@ -925,7 +997,14 @@ class Metrics:
         if event.streamed:                    # no body: nothing more to count
             self.pairs.streamed["request"].inc()
             return
-        request = event.partial               # Produce: only topics and records decoded
+        tally = event.tally                   # Produce, Fetch: read from the frame, nothing decoded
+        if tally is not None:
+            if self.client_id_label is not None:
+                self.client_requests.labels(self.client_id_label(tally.client_id)).inc()
+            if api_key == _PRODUCE:
+                self.records.produce_tally(tally, self.topics)
+            return
+        request = event.partial               # Produce (unusual frames): only topics and records decoded
         if request is None:
             self.pairs.undecoded["request"].inc()
             return
@@ -957,6 +1036,15 @@ class Metrics:
             self.pairs.streamed["response"].inc()
             series.latency.observe(latency)
             return
+        tally = event.tally                   # Produce, Fetch: what is read below, read from the frame
+        if tally is not None:
+            if api_key == _PRODUCE:
+                self._produce_answer(series, tally, latency)
+                return
+            asked = request.tally             # the consumer lag reads the Fetch request too
+            if asked is not None:
+                self._fetch_answer(event, info, series, asked, tally, latency)
+                return
         response = event.partial              # Produce, Fetch: only the fields read below decoded
         if response is None:
             self.pairs.undecoded["response"].inc()
@@ -998,6 +1086,36 @@ class Metrics:
             self.groups.answered(event, series.name, body, codes)
         elif api_key == _API_VERSIONS:
             self.software.named(event, info, body)
+
+    def _produce_answer(self, series: _ApiSeries, tally, latency: float) -> None:
+        """A Produce answer's tally: as ``_response`` counts its partial body (no long poll,
+        no group or software to follow)."""
+        series.latency.observe(latency)
+        throttle_ms = tally.throttle_time_ms
+        if throttle_ms is not None:
+            series.throttle.observe(throttle_ms / 1000.0)
+            if throttle_ms > 0:
+                series.throttled += 1
+        for code in tally.errors:
+            self.pairs.error_child(series.name, code).inc()
+
+    def _fetch_answer(self, event: ResponseReceived, info, series: _ApiSeries, asked, tally,
+                      latency: float) -> None:
+        """A Fetch request's and answer's tallies: as ``_response`` counts their partial bodies."""
+        fetched = self.records.fetch_tally(tally, self.topics)
+        if self.lag is not None:
+            self.lag.fetch_tallied(event, info, asked, tally)
+        if fetched == 0:
+            series.long_poll.observe(latency)
+        else:
+            series.latency.observe(latency)
+        throttle_ms = tally.throttle_time_ms
+        if throttle_ms is not None:
+            series.throttle.observe(throttle_ms / 1000.0)
+            if throttle_ms > 0:
+                series.throttled += 1
+        for code in tally.errors:
+            self.pairs.error_child(series.name, code).inc()
 
     # ------------------------------------------------------------ hooks (see ``contract.Hook``)
 

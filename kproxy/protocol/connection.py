@@ -44,6 +44,7 @@ from .api_keys import ApiKey
 from .errors import DecodeError
 from .messages import Request, Response, decode_request, decode_response
 from .skim import SKIMMED_REQUESTS, SKIMMED_RESPONSES, skim_request, skim_response
+from .tally import TALLIED as _TALLIED, tally_request, tally_response
 
 # Kafka's own default for socket.request.max.bytes; a larger frame means a
 # broken or hostile peer, and buffering it would let one connection eat memory.
@@ -67,6 +68,7 @@ SIZE = struct.Struct(">i")
 _REQUEST_PREFIX = struct.Struct(">hhi")
 _I16 = struct.Struct(">h")
 
+_UNREAD = object()              # an event's tally before it is read (None: it has none)
 _CORRELATION_END = 8            # size prefix and correlation id: what pairing needs of a response
 # Compared per frame: plain int globals (an ApiKey attribute lookup costs ~4 global
 # reads, and an int compares with an int faster than with an IntEnum member).
@@ -195,7 +197,7 @@ class RequestReceived(_FrameEvent):
     """A complete request frame from the client."""
 
     __slots__ = ("frame", "api_key", "api_version", "correlation_id", "time",
-                 "expects_response", "_streamed_size", "_request", "_error", "_partial")
+                 "expects_response", "_streamed_size", "_request", "_error", "_partial", "_tally")
 
     def __init__(self, frame, api_key: int, api_version: int, correlation_id: int,
                  time: float, expects_response: bool, streamed_size: int = 0):
@@ -211,6 +213,7 @@ class RequestReceived(_FrameEvent):
         self._request: Request | None = None
         self._error: DecodeError | None = None
         self._partial: Request | None = None
+        self._tally = _UNREAD
 
     @property
     def api_name(self) -> str:
@@ -248,6 +251,16 @@ class RequestReceived(_FrameEvent):
         return partial
 
     @property
+    def tally(self):
+        """What the observers count of a Produce or Fetch request, read from the frame
+        (``tally``; once); None for other APIs and unusual frames: ``partial`` then."""
+        tally = self._tally
+        if tally is _UNREAD:
+            tally = self._tally = tally_request(self.frame) \
+                if self.api_key in _TALLIED and not self._streamed_size else None
+        return tally
+
+    @property
     def decode_error(self) -> DecodeError | None:
         """Why ``request`` is None (a frame that decodes partially decodes whole, so a
         partial decode answers this for Produce and Fetch, the one observers use anyway)."""
@@ -263,7 +276,8 @@ class RequestReceived(_FrameEvent):
 class ResponseReceived(_FrameEvent):
     """A complete response frame from the broker, paired with its request."""
 
-    __slots__ = ("frame", "request_event", "time", "_streamed_size", "_response", "_error", "_partial")
+    __slots__ = ("frame", "request_event", "time", "_streamed_size", "_response", "_error", "_partial",
+                 "_tally")
 
     def __init__(self, frame, request_event: RequestReceived, time: float, streamed_size: int = 0):
         """``streamed_size`` as for ``RequestReceived``: ``frame`` is then the correlation id."""
@@ -274,6 +288,7 @@ class ResponseReceived(_FrameEvent):
         self._response: Response | None = None
         self._error: DecodeError | None = None
         self._partial: Response | None = None
+        self._tally = _UNREAD
 
     @property
     def correlation_id(self) -> int:
@@ -319,6 +334,16 @@ class ResponseReceived(_FrameEvent):
             if partial is None:
                 return self.response
         return partial
+
+    @property
+    def tally(self):
+        """As ``RequestReceived.tally``, for a Produce or Fetch answer."""
+        tally = self._tally
+        if tally is _UNREAD:
+            request = self.request_event
+            tally = self._tally = tally_response(self.frame, request.api_key, request.api_version) \
+                if request.api_key in _TALLIED and not self._streamed_size else None
+        return tally
 
     @property
     def decode_error(self) -> DecodeError | None:

@@ -415,7 +415,10 @@ class Proxy:
         directory = self.directory
         if api_key in ENDPOINTS_ONLY_KEYS and not directory.withheld:
             # With every listener bound only the endpoints could change (withholding also
-            # touches partitions' leader hints): none, nothing to do, no whole decode.
+            # touches partitions' leader hints): none, nothing to do, no whole decode. A Produce
+            # answer with a tally has no tagged fields, so no endpoints (``protocol.tally``).
+            if event.tally is not None:
+                return None
             partial = event.partial
             if partial is not None and not partial.is_opaque and not partial.body.node_endpoints:
                 return None
@@ -806,8 +809,9 @@ class Proxy:
         for a failure only: every pair passes here)."""
         for event in events:
             cls = event.__class__
-            if (cls is not ResponseReceived and cls is not RequestReceived) or event.partial is not None:
-                continue                  # partial: decoded already (by the metrics), or decodes
+            if (cls is not ResponseReceived and cls is not RequestReceived) or event.tally is not None \
+                    or event.partial is not None:
+                continue                  # tally, partial: read already (by the metrics), or decodes
             error = event.decode_error
             if error is None:             # streamed: not decoded
                 continue

@@ -93,13 +93,17 @@ class TopicNameLookup:
             self._asking = asyncio.get_running_loop().create_task(self._ask_waiting())
 
     def _request(self, event: RequestReceived) -> None:
-        request = event.partial
-        if request is None or request.body.__class__ is OpaqueBody:
-            return
-        body = request.body
-        topics = body.topics if event.api_key == FETCH_KEY else body.topic_data
-        for topic in topics or ():
-            topic_id = topic.topic_id
+        tally = event.tally                      # read from the frame (``protocol.tally``)
+        if tally is not None:
+            ids = [key for key, _ in tally.topics] if event.api_key == FETCH_KEY else \
+                [topic.topic_id for topic in tally.topics]
+        else:
+            request = event.partial
+            if request is None or request.body.__class__ is OpaqueBody:
+                return
+            body = request.body
+            ids = [topic.topic_id for topic in (body.topics if event.api_key == FETCH_KEY else body.topic_data) or ()]
+        for topic_id in ids:
             if topic_id in self.names:
                 self.names.move_to_end(topic_id)
             elif topic_id not in self._waiting and any(topic_id) and self._may_ask(topic_id) \
