@@ -1054,9 +1054,9 @@ class Connection:
             passing = self.passing()         # more of a held answer, read where it belongs
             return [], [] if passing is None else [passing]
         passed = self._broker_passed
-        cut_passed = self._cut_passed
+        cut, cut_passed = self._cut, self._cut_passed
         frames = framer.feed(data)
-        if frames and self._cut is not None:     # the held answer is complete
+        if frames and cut is not None:           # the held answer is complete
             self._cut, self._cut_passed = None, 0
         if passed and not frames:            # more of a response already being passed on
             self._broker_passed += len(data)
@@ -1111,7 +1111,10 @@ class Connection:
                 out.append(memoryview(data)[:frame.length + 4 - passed])
                 already = 0
                 continue
-            replacement = transform(event) if is_held and transform is not None else None
+            # A Fetch answer that passed up to its empty tail has nothing to rewrite: it goes on
+            # without waiting for the transform's decode (the observers' comes after the write).
+            replacement = transform(event) if is_held and transform is not None and not (
+                already and cut is not None and cut.bare_tail(frame)) else None
             if replacement is not None:
                 if already:
                     _unchanged_so_far(frame, replacement, already)

@@ -36,6 +36,7 @@ _ABORTED_TRANSACTION = 16          # producer_id, first_offset int64 (then its t
 # What the answer ends with after the last records: the partition's, the topic's and the
 # answer's tagged fields, at least a count byte each.
 _TAILS_AFTER_RECORDS = 3
+_EMPTY_TAILS = bytes(_TAILS_AFTER_RECORDS)        # each a count of no fields
 _I16 = struct.Struct(">h")
 _MAX_UVARINT_BYTES = 5
 
@@ -87,6 +88,14 @@ class FetchCut:
         except (_Odd, IndexError, struct.error):
             self.cut = HOLD_WHOLE
         return self.cut
+
+    def bare_tail(self, frame) -> bool:
+        """Whether the complete answer (``frame``, size prefix excluded) ends at the cut with
+        three empty tagged-field blocks: then it holds no address and no leader hint at all
+        (those before the cut were walked), and there is nothing to rewrite."""
+        cut = self.cut
+        return (cut is not None and len(frame) + 4 - cut == _TAILS_AFTER_RECORDS
+                and frame[-_TAILS_AFTER_RECORDS:] == _EMPTY_TAILS)
 
     def view(self, start: int, end: int) -> memoryview:
         """Bytes ``start`` to ``end`` of the answer (size prefix included), uncopied."""

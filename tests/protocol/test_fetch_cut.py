@@ -74,9 +74,15 @@ def test_what_passes_early_and_what_follows_is_the_answer_exactly(cuts, version,
 
 def test_the_records_pass_as_they_arrive_the_tail_once_complete():
     answer = fetch_answer(16, [{}])
-    per_read, _ = feed(answer, [64 * 1024])
+    transformed = []
+    per_read, _ = feed(answer, [64 * 1024], transform=transformed.append)
     assert all(len(out) == 64 * 1024 for out in per_read[1:-1])        # each read passed at once
     assert b"".join(per_read) == answer and len(per_read[-1]) < 64 * 1024
+    # Its tail has no tagged field at all: nothing to rewrite, no decode before the last write.
+    assert not transformed
+    feed(fetch_answer(16, [{}, {"snapshot_id": Struct(end_offset=1, epoch=1)}]), [64 * 1024],
+         transform=transformed.append)
+    assert len(transformed) == 1                                       # a tagged field: checked
 
 
 @pytest.mark.parametrize("error", [NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH])
