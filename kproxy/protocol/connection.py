@@ -42,6 +42,7 @@ from typing import Callable
 from . import schema
 from .api_keys import ApiKey
 from .errors import DecodeError
+from .fetch_cut import FIRST_FLEXIBLE_VERSION as _FETCH_CUT_FROM, FetchCut
 from .messages import Request, Response, decode_request, decode_response
 from .skim import SKIMMED_REQUESTS, SKIMMED_RESPONSES, skim_request, skim_response
 from .tally import TALLIED as _TALLIED, tally_request, tally_response
@@ -72,7 +73,7 @@ _UNREAD = object()              # an event's tally before it is read (None: it h
 _CORRELATION_END = 8            # size prefix and correlation id: what pairing needs of a response
 # Compared per frame: plain int globals (an ApiKey attribute lookup costs ~4 global
 # reads, and an int compares with an int faster than with an IntEnum member).
-_PRODUCE, _SASL_HANDSHAKE = int(ApiKey.PRODUCE), int(ApiKey.SASL_HANDSHAKE)
+_PRODUCE, _FETCH, _SASL_HANDSHAKE = int(ApiKey.PRODUCE), int(ApiKey.FETCH), int(ApiKey.SASL_HANDSHAKE)
 # Client tokens per SASL exchange when SaslHandshake v0 put the connection in
 # raw-token mode (no SaslAuthenticate framing): the broker answers each one.
 RAW_SASL_ROUNDS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2, "OAUTHBEARER": 1}
@@ -151,6 +152,11 @@ def wrong_protocol(direction: str, start) -> WrongProtocol | None:
 class UntrackableRequest(ProtocolViolation):
     """A request whose answer cannot be predicted (the broker would refuse it, or kproxy
     does not know its version): closing beats guessing and mis-pairing what follows."""
+
+
+class PassedAnswerChanged(ProtocolViolation):
+    """A held answer whose first bytes already passed (``fetch_cut``) had to be rewritten there,
+    or to another length: what the client got cannot be made right, the connection must close."""
 
 
 class UnpairedResponse(ProtocolViolation):
@@ -619,6 +625,17 @@ class _Framer:
             self.buffer += view[pos:end]
         return None
 
+    def assembly(self) -> tuple[bytearray, int, int] | None:
+        """The frame being assembled in a buffer of its own: (buffer, base, its bytes); None
+        when there is none."""
+        frame = self._frame
+        return None if frame is None else (frame, self._base, self._total)
+
+    @property
+    def filled(self) -> int:
+        """Bytes of the frame being assembled that arrived (size prefix included)."""
+        return self._filled
+
     @property
     def large(self) -> bool:
         """A large frame is in progress (assembled, gathered or streamed)."""
@@ -683,6 +700,16 @@ class _Framer:
 # loop's connections, and a view keeps the whole of it alive (a client dribbling its frame a
 # little per read could hold a MiB of memory per byte it sent).
 VIEW_MAX_OVERHEAD = 2
+
+
+def _unchanged_so_far(frame, replacement, passed: int) -> None:
+    """A rewrite of an answer whose first ``passed`` bytes (size prefix included) already went
+    to the client must keep its length and those bytes; else PassedAnswerChanged."""
+    kept = max(passed - 4, 0)
+    if len(replacement) != len(frame) or replacement[:kept] != frame[:kept]:
+        raise PassedAnswerChanged(
+            f"a held answer had to be rewritten within the {passed} bytes already forwarded "
+            f"(broker addresses without a partition error naming a new leader)")
 
 
 def _kept(piece):
@@ -874,6 +901,8 @@ class Connection:
         self._broker_passed = 0      # bytes of the broker's incomplete frame already forwarded
         self._broker_waiting = b""   # its first bytes, held back until the correlation id is in
         self.holding_answer = False  # it is held (forwarded once complete, maybe rewritten); read-only outside
+        self._cut: FetchCut | None = None    # the walk of a held Fetch answer that may pass early
+        self._cut_passed = 0                 # bytes of that answer already forwarded
         self._pending: deque[RequestReceived] = deque()
         self._sasl_mechanism: str | None = None
         self._raw_sasl_rounds: int | None = None     # None: not in raw-token mode
@@ -1037,7 +1066,9 @@ class Connection:
         """Like ``receive_broker``, and also the bytes to forward to the client now.
 
         Frames that ``hold`` selects are forwarded whole once complete, after
-        ``transform``; every other byte is forwarded as soon as it arrives (the
+        ``transform`` (a Fetch answer assembled in a buffer of its own excepted: its records
+        pass as they arrive when ``fetch_cut`` allows, and a rewrite of what passed raises
+        PassedAnswerChanged); every other byte is forwarded as soon as it arrives (the
         chunk itself, uncopied, when nothing in it is held), except the first
         bytes of a frame whose correlation id has not arrived yet. A response
         that is not for the oldest unanswered request raises UnpairedResponse
@@ -1045,9 +1076,13 @@ class Connection:
         """
         framer = self._broker
         if self.fills_held_answer(data):
-            return [], []                    # more of a held answer, read where it belongs
+            passing = self.passing()         # more of a held answer, read where it belongs
+            return [], [] if passing is None else [passing]
         passed = self._broker_passed
+        cut, cut_passed = self._cut, self._cut_passed
         frames = framer.feed(data)
+        if frames and cut is not None:           # the held answer is complete
+            self._cut, self._cut_passed = None, 0
         if passed and not frames:            # more of a response already being passed on
             self._broker_passed += len(data)
             return [], [data]
@@ -1084,23 +1119,31 @@ class Connection:
         if not any_held:
             if tail_action is _PASS:
                 return events, ([waiting, data] if waiting else [data])
+            passing = self.passing() if tail_action is _HOLD else None
             if not frames:                   # the incomplete frame is all there is, kept back
-                return events, []
+                return events, [] if passing is None else [passing]
             # The kept-back tail started in this chunk (frames completed before it).
             out = [waiting] if waiting else []
             out.append(memoryview(data)[:len(data) - tail])
+            if passing is not None:
+                out.append(passing)
             return events, out
         out: list = []
         transform = self._transform
-        already = passed                     # bytes of the first frame already forwarded
+        already = passed or cut_passed       # bytes of the first frame already forwarded
         for frame, event, is_held in zip(frames, events, held):
             if frame.__class__ is StreamedFrame:     # only ever first: the rest of it is here
                 out.append(memoryview(data)[:frame.length + 4 - passed])
                 already = 0
                 continue
-            replacement = transform(event) if is_held and transform is not None else None
+            # A Fetch answer that passed up to its empty tail has nothing to rewrite: it goes on
+            # without waiting for the transform's decode (the observers' comes after the write).
+            replacement = transform(event) if is_held and transform is not None and not (
+                already and cut is not None and cut.bare_tail(frame)) else None
             if replacement is not None:
-                out.append(SIZE.pack(len(replacement)) + replacement)
+                if already:
+                    _unchanged_so_far(frame, replacement, already)
+                out.append((SIZE.pack(len(replacement)) + replacement)[already:])
             # Unchanged frames: the read itself when it was this frame exactly (the usual
             # small answer); else small ones joined with their prefix (one write, one TLS
             # record), and large ones (a held Fetch v16+ response is often MBs) as prefix +
@@ -1117,7 +1160,32 @@ class Connection:
             already = 0
         if tail and tail_action is _PASS:            # it started in this chunk
             out.append(memoryview(data)[len(data) - tail:])
+        elif tail_action is _HOLD:
+            passing = self.passing()
+            if passing is not None:
+                out.append(passing)
         return events, out
+
+    def passing(self) -> memoryview | None:
+        """What of the held answer being assembled may go to the client now that more of it
+        arrived (``fetch_cut``: a Fetch answer's records pass as they come): a view of the
+        buffer it is assembled in, or None. Asked after every read of it."""
+        cut = self._cut
+        if cut is None:
+            return None
+        filled = self._broker.filled
+        upto = cut.cut
+        if upto is None:
+            upto = cut.advance(filled)
+            if upto is None:
+                return None
+        if upto > filled:
+            upto = filled
+        start = self._cut_passed
+        if upto <= start:                    # (HOLD_WHOLE is below any start)
+            return None
+        self._cut_passed = upto
+        return cut.view(start, upto)
 
     def fills_request(self, data) -> bool:
         """Whether ``data`` (from the client) was read into ``room("client")`` without completing
@@ -1150,6 +1218,10 @@ class Connection:
         correlation_id, = SIZE.unpack_from(start, 4)
         request = self._oldest_unanswered(correlation_id)
         if self._held(request):
+            if self._cut is None and request.api_key == _FETCH and request.api_version >= _FETCH_CUT_FROM:
+                assembly = self._broker.assembly()
+                if assembly is not None:
+                    self._cut = FetchCut(*assembly, request.api_version)
             return _HOLD
         framer = self._broker
         if framer.large and not framer.decided:

@@ -10,7 +10,8 @@ there to the tracker and, uncopied, to the other socket's transport.
 Client bytes are forwarded as soon as they are read; broker bytes go through
 the tracker's ``relay_broker``, which passes everything on at once except
 responses that may carry broker addresses, which it holds until complete and
-rewrites. Events reach observers *after* the bytes are on their way; an
+rewrites (but for a Fetch answer's records, which pass as they arrive unless a
+partition names a new leader: ``protocol.fetch_cut``). Events reach observers *after* the bytes are on their way; an
 observer that raises is logged once and otherwise ignored: observation never
 breaks forwarding. When the tracker cannot follow the stream safely (a request
 whose answer it cannot predict, a response out of order) it raises before those
@@ -69,7 +70,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, Connection, Event,
-                                   ProtocolViolation, ResponseReceived)
+                                   PassedAnswerChanged, ProtocolViolation, ResponseReceived)
 from .local_requests import ClientSplit, LocalAnswers, LocalRequest
 from ..observers.contract import (BROKER_CLOSED, CANCELLED, CLIENT_CLOSED, CLIENT_DONE, UPSTREAM_UNREACHABLE,
                                   CloseCause, CloseKind, ConnectionInfo, Hook, HostPort, Observer)
@@ -427,11 +428,22 @@ class Relay:
         """Bytes read into the held answer's room (``Endpoint.get_buffer``): True when they did
         not complete it, and are only counted (what ``received`` would do with them, in a few
         steps: a 1 MiB answer takes ~10 reads); False: give them to ``received``."""
-        if self.close_reason is not None or not self.tracker.filled_held_answer(nbytes):
+        tracker = self.tracker
+        if self.close_reason is not None or not tracker.filled_held_answer(nbytes):
             return False
         self.bytes_from_broker += nbytes
         self.last_active = time.monotonic()
+        passing = tracker.passing()              # a Fetch answer's records, as they come
+        if passing is not None:
+            self._pass(passing)
         return True
+
+    def _pass(self, passing: memoryview) -> None:
+        """Forward what of a held answer may go before it is complete: a view of the buffer it
+        is assembled in, which the budget counts as held until the answer completes (and then
+        as unsent, if the client has not taken it all)."""
+        self.client.transport.write(passing)
+        self.bytes_to_client += len(passing)
 
     def received(self, endpoint: Endpoint, data: memoryview) -> None:
         if self.close_reason is not None:
@@ -494,6 +506,17 @@ class Relay:
         if self._answered:
             self._observe_answered()
         return False
+
+    def _to_client(self, out: list) -> None:
+        """Write answers' bytes (views, never copied here) to the client, and count them."""
+        transport = self.client.transport
+        if len(out) == 1:
+            transport.write(out[0])
+            self.bytes_to_client += len(out[0])
+        else:
+            transport.writelines(out)
+            self.bytes_to_client += sum(len(chunk) for chunk in out)
+        self._count_unsent(out)
 
     def _close_for_violation(self, exc: ProtocolViolation) -> None:
         """The client broke the protocol: tell it why where there is a way (e.g. a TLS
@@ -579,9 +602,15 @@ class Relay:
         self.last_active = time.monotonic()
         tracker = self.tracker
         if tracker.fills_held_answer(data):
+            passing = tracker.passing()
+            if passing is not None:
+                self._pass(passing)
             return True
         try:
             events, out = tracker.relay_broker(data)
+        except PassedAnswerChanged as exc:
+            self.finish(CloseCause(CloseKind.REWRITE_FAILED, f"closing rather than leak an address: {exc}"))
+            return False
         except ProtocolViolation as exc:
             self.finish(CloseCause.of_violation(exc))
             return False
@@ -594,15 +623,8 @@ class Relay:
         # loop (1 MiB of ApiVersions answers is 2,200 of them). Large answers still come a
         # READ_CHUNK at a time.
         self.broker.read_limit = PIPELINED_READ_BYTES if len(events) > OBSERVER_EVENTS_PER_CHECK else READ_CHUNK
-        transport = self.client.transport
-        if len(out) == 1:
-            transport.write(out[0])
-            self.bytes_to_client += len(out[0])
-        elif out:
-            transport.writelines(out)
-            self.bytes_to_client += sum(len(chunk) for chunk in out)
         if out:
-            self._count_unsent(out)
+            self._to_client(out)
         if tracker.in_flight < MAX_IN_FLIGHT_PER_CONNECTION:
             self.client.resume("requests in flight")
         if events:

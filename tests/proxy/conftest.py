@@ -23,6 +23,7 @@ import pytest
 
 from kproxy.embedded import KAFKA_4_VERSION, LIGHT_BROKER_JVM_ARGS, KafkaCluster
 from kproxy.protocol.connection import Connection
+from kproxy.proxy.relay import Relay
 from tests.proxy.harness import ProxyThread, Workers
 from tests.proxy.wire import WitnessClient, create_topic
 
@@ -63,7 +64,8 @@ def topic(kafka_cluster) -> str:
 
 @pytest.fixture
 def client_bytes(monkeypatch):
-    """Every byte kproxy forwards to clients (what relay_broker hands the relay to write)."""
+    """Every byte kproxy forwards to clients (what relay_broker hands the relay to write, and
+    what of held answers it passes before they are complete)."""
     seen = []
     original = Connection.relay_broker
 
@@ -72,7 +74,13 @@ def client_bytes(monkeypatch):
         seen.extend(bytes(chunk) for chunk in out)
         return events, out
 
+    def passing(self, piece):                 # a held answer's records, passed as they come
+        seen.append(bytes(piece))
+        return passed(self, piece)
+
     monkeypatch.setattr(Connection, "relay_broker", recording)
+    passed = Relay._pass
+    monkeypatch.setattr(Relay, "_pass", passing)
     return seen
 
 

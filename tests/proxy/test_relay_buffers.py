@@ -259,11 +259,12 @@ def _in_reads(endpoint, frame: bytes, cuts: list[int], between) -> None:
             between()
 
 
-def test_a_held_answer_read_in_place_goes_out_whole_once_and_the_budget_counts_it(monkeypatch):
+def test_a_held_answer_read_in_place_passes_its_records_as_they_come_and_the_budget_counts_it(monkeypatch):
     """A Fetch v16 answer (held: its tail may name node endpoints) of 600 KiB arrives in four
-    reads: the three after the first land where it is assembled. Nothing reaches the client
-    until the last, then the answer exactly, in one write; meanwhile the budget counts the
-    whole frame (what arrived as held, the rest of its buffer as reserved), and nothing once it is sent."""
+    reads: the three after the first land where it is assembled. Its records reach the client
+    read by read (no partition names a new leader: ``fetch_cut``), its last bytes with the last
+    read, and the client gets the answer exactly; meanwhile the budget counts the whole frame
+    (what arrived as held, the rest of its buffer as reserved), and nothing once it is sent."""
     import struct
 
     from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
@@ -285,18 +286,57 @@ def test_a_held_answer_read_in_place_goes_out_whole_once_and_the_budget_counts_i
             frame = struct.pack(">i", len(answer)) + answer
             client.transport.written.clear()
             client.transport.writes = 0
+            passed = []
 
             def between():
-                assert client.transport.writes == 0                 # held until complete
+                passed.append(len(client.transport.written))
                 # all of it accounted for, and the rest of the buffer it is assembled in
                 assert len(frame) <= budget.held + budget.reserved <= IN_PLACE_MIN_SHARE * len(frame)
             _in_reads(broker, frame, cuts, between)
-            assert bytes(client.transport.written) == frame and client.transport.writes == 1
+            # all that arrived, once the partition's header was in (not with the size prefix alone)
+            assert passed == [cut if cut > 4 else 0 for cut in cuts]
+            assert bytes(client.transport.written) == frame
             assert budget.held == budget.reserved == 0
             sent += len(frame)
             assert relay.bytes_from_broker == sent == relay.bytes_to_client
 
     _relayed(monkeypatch, scenario)
+
+
+def test_a_fetch_answer_with_addresses_after_its_records_passed_closes_unleaked(monkeypatch):
+    """Node endpoints in a Fetch answer no partition of which names a new leader (Kafka sends
+    none then): its records passed before they showed, so it cannot be rewritten; the
+    connection closes as a failed rewrite and the broker's address never reaches the client.
+    With a partition naming the leader the answer is held whole and rewritten."""
+    import struct
+
+    from kproxy.observers.contract import CloseKind
+    from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
+
+    def exchange(client, broker, correlation_id, error_code):
+        request = encode_request(Request(1, 16, correlation_id, "t", new_body("request", 1, 16, max_bytes=1 << 20)))
+        _read_into(client, struct.pack(">i", len(request)) + request)
+        partitions = [Struct(partition_index=0, error_code=error_code, **(
+                          {"current_leader": Struct(leader_id=1, leader_epoch=3)} if error_code else {})),
+                      Struct(partition_index=1, high_watermark=10, records=b"r" * (300 * 1024))]
+        answer = encode_response(Response(correlation_id, new_body("response", 1, 16, responses=[
+            Struct(partitions=partitions)], node_endpoints=[Struct(node_id=1, host="broker-1.internal", port=9092)])),
+            1, 16)
+        _in_reads(broker, struct.pack(">i", len(answer)) + answer, [100 * 1024, 200 * 1024], lambda: None)
+
+    async def rewritten(relay, client, broker):
+        exchange(client, broker, 7, 6)                         # NOT_LEADER_OR_FOLLOWER
+        assert relay.close_reason is None and b"r" * 1000 in client.transport.written
+        assert b"broker-1.internal" not in client.transport.written
+
+    async def leaked(relay, client, broker):
+        exchange(client, broker, 7, 0)
+        assert relay.close_reason.kind is CloseKind.REWRITE_FAILED
+        assert b"r" * 1000 in client.transport.written            # the records had passed
+        assert b"broker-1.internal" not in client.transport.written
+
+    _relayed(monkeypatch, rewritten)
+    _relayed(monkeypatch, leaked)
 
 
 def test_a_large_request_read_in_place_is_forwarded_read_by_read_and_observed_once(monkeypatch):
