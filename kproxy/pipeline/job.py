@@ -64,12 +64,12 @@ JOB_SQL_SETTINGS = {
     "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "4096",
 }
 # More settings for a capture of up to SMALL_CAPTURE_MAX_PAIRS pairs (counted from the Parquet
-# footers), for the run only. Its tables are ~90 tiny jobs whose cost is the driver's, not the
-# rows': before a query runs a row Spark writes Java for it (a class per whole stage, and one
-# per projection, predicate and ordering) and compiles it with Janino. Run interpreted, those
-# thousand rows cost less than compiling; 1,000 pairs took 26-27 CPU seconds against 35-36
-# (one run each, load 19-27). And one shuffle partition instead of two per core: a few
-# kilobytes need no more tasks.
+# footers) in a local Spark, for the run only. Its tables are ~55 tiny jobs whose cost is the
+# driver's, not the rows': before a query runs a row, Spark writes Java for it (a class per
+# whole stage, and one per projection, predicate and ordering) and compiles it with Janino.
+# Run interpreted, a thousand rows cost less than compiling: 1,000 pairs took 26-27 CPU
+# seconds against 35-36 (one run each, load 19-27). One shuffle partition instead of two per
+# core: a few kilobytes need no more tasks.
 SMALL_CAPTURE_SQL_SETTINGS = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
@@ -239,7 +239,9 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
     progress.note(_describe(inputs))
     scan = shared_scan(pairs, inputs)
     pairs = scan.pairs
-    small = inputs.pairs is not None and inputs.pairs <= SMALL_CAPTURE_MAX_PAIRS
+    # Local Spark only: on a cluster (spark-submit) its own settings stand.
+    small = (inputs.pairs is not None and inputs.pairs <= SMALL_CAPTURE_MAX_PAIRS
+             and spark.sparkContext.master.startswith("local"))
     restore = _set_for_run(spark, SMALL_CAPTURE_SQL_SETTINGS if small else {})
     try:
         head = progress.stage("read pairs", lambda: _headline(pairs), lambda h: f"{h['pairs']:,} pairs")
