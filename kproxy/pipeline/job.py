@@ -23,12 +23,14 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from .. import __version__
 from . import audit as audit_table
 from . import failovers as failover_tables
 from . import tables as T
 from .tables import REPORT_ROWS, WORST_P99_MIN_REQUESTS
+from .jvm import QUICK_JIT_MAX_PAIRS
 from .scan import shared_scan
 from .source import Inputs, InputError, load_capture
 
@@ -61,6 +63,22 @@ JOB_SQL_SETTINGS = {
     # dozen APIs) stay well within a default heap; a task with more groups still sorts.
     "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "4096",
 }
+# More settings for a capture of up to SMALL_CAPTURE_MAX_PAIRS pairs (counted from the Parquet
+# footers) in a local Spark, for the run only. Its tables are ~55 tiny jobs whose cost is the
+# driver's, not the rows': before a query runs a row, Spark writes Java for it (a class per
+# whole stage, and one per projection, predicate and ordering) and compiles it with Janino.
+# Run interpreted, a thousand rows cost less than compiling: 1,000 pairs took 26-27 CPU
+# seconds against 35-36 (one run each, load 19-27). One shuffle partition instead of two per
+# core: a few kilobytes need no more tasks.
+SMALL_CAPTURE_SQL_SETTINGS = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.shuffle.partitions": "1",
+}
+# The bound of the quick JIT (jvm.py) and of the in-memory scan (scan.py): the captures whose
+# run is mostly planning. At 50,000 pairs interpreted still cost less: 33.7 CPU seconds against
+# 38.9 compiled (one run each, load 23-31). Not measured above.
+SMALL_CAPTURE_MAX_PAIRS = QUICK_JIT_MAX_PAIRS
 
 
 @dataclass
@@ -221,6 +239,10 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
     progress.note(_describe(inputs))
     scan = shared_scan(pairs, inputs)
     pairs = scan.pairs
+    # Local Spark only: on a cluster (spark-submit) its own settings stand.
+    small = (inputs.pairs is not None and inputs.pairs <= SMALL_CAPTURE_MAX_PAIRS
+             and spark.sparkContext.master.startswith("local"))
+    restore = _set_for_run(spark, SMALL_CAPTURE_SQL_SETTINGS if small else {})
     try:
         head = progress.stage("read pairs", lambda: _headline(pairs), lambda h: f"{h['pairs']:,} pairs")
         if head["foreign"]:
@@ -253,6 +275,23 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
         return result
     finally:
         scan.release()
+        restore()
+
+
+def _set_for_run(spark: SparkSession, settings: dict[str, str]):
+    """Set Spark SQL ``settings`` on the session; returns what puts the earlier values back
+    (a notebook's or the tests' session outlives the run)."""
+    earlier = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+
+    def restore() -> None:
+        for key, value in earlier.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+    return restore
 
 
 def _write_tables(spark: SparkSession, pairs: DataFrame, out: str, options: Options,
@@ -266,13 +305,20 @@ def _write_tables(spark: SparkSession, pairs: DataFrame, out: str, options: Opti
     """
     removed = T.removed_versions(spark)
     futures: dict[str, Future] = {}
+    schemas: dict[str, StructType] = {}
 
     def build(name: str, make) -> tuple[str, int]:
         # A pool per table: under spark.scheduler.mode=FAIR (kproxy's local Spark) pools share
         # the executors fairly; in one pool (FIFO) a small table queues behind a large one.
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", name)
-        built = {need: spark.read.parquet(futures[need].result()[0]) for need in _NEEDS.get(name, ())}
+        # Read back with the schema it was written with: Spark would otherwise run a job per
+        # table read to take it from a Parquet footer.
+        built = {}
+        for need in _NEEDS.get(name, ()):
+            written = futures[need].result()[0]          # its schema is known once this returns
+            built[need] = spark.read.schema(schemas[need]).parquet(written)
         df = make(pairs, built, options, removed)
+        schemas[name] = df.schema
         path = os.path.join(out, "tables" if name in TABLE_NAMES else WORK_DIR, name)
         rows = progress.stage(name, lambda: _write(df, path), lambda n: f"{n:,} rows")
         return path, rows
@@ -321,7 +367,7 @@ def _describe(inputs: Inputs) -> str:
 # name, builder(pairs, built tables, options, removed versions): the order respects dependencies.
 _PLAN = (
     ("api_latency", lambda p, b, o, r: T.api_latency(p)),
-    ("api_errors", lambda p, b, o, r: T.api_errors(p)),
+    ("api_errors", lambda p, b, o, r: T.errors_of_latency(p, b["api_latency"])),
     ("series", lambda p, b, o, r: T.series(p, o.window_seconds)),
     ("anomalies", lambda p, b, o, r: T.anomalies(b["series"])),
     ("clients", lambda p, b, o, r: T.clients(p)),
@@ -350,7 +396,7 @@ _SHARED = (
 WORK_DIR = ".work"
 # Tables built from other tables or shared steps (the ``built`` argument above), which must
 # be written first.
-_NEEDS = {"anomalies": ("series",), "topics": ("topic_clients",),
+_NEEDS = {"api_errors": ("api_latency",), "anomalies": ("series",), "topics": ("topic_clients",),
           "groups": ("rebalances", "group_members", "group_errors"),
           "client_inventory": ("per_connection",), "connections": ("per_connection",)}
 

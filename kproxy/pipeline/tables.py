@@ -60,8 +60,11 @@ def _ordered(table: DataFrame, *columns) -> DataFrame:
     Tables are aggregates (a row per API, client, window...), small enough for one
     task; a global ``orderBy`` would cost each of them a sampling job first (Spark's
     range partitioning), which for most captures took longer than the sort itself.
+    ``coalesce``, not ``repartition``: the table's last aggregation then merges its
+    partial results in that one task, instead of a shuffle (a stage, and under
+    adaptive execution a job) moving its few rows into one partition.
     """
-    return table.repartition(1).sortWithinPartitions(*columns)
+    return table.coalesce(1).sortWithinPartitions(*columns)
 
 
 def _count_if(condition) -> F.Column:
@@ -138,6 +141,18 @@ def api_errors(pairs: DataFrame) -> DataFrame:
     """Per API, version and error name: pairs whose response carried it, and their share."""
     totals = (pairs.where(F.col("outcome") == "response")
               .groupBy("api_name", "api_version").agg(F.count("*").alias("answered")))
+    return _errors_of_answered(pairs, totals)
+
+
+def errors_of_latency(pairs: DataFrame, latency: DataFrame) -> DataFrame:
+    """``api_errors`` with its answered totals from the ``api_latency`` table (the job has
+    it written already): one aggregation of the pairs fewer. ``api_key`` follows from
+    ``api_name``, so a sum over it is the same total."""
+    totals = latency.groupBy("api_name", "api_version").agg(F.sum("answered").alias("answered"))
+    return _errors_of_answered(pairs, totals)
+
+
+def _errors_of_answered(pairs: DataFrame, totals: DataFrame) -> DataFrame:
     errors = (pairs.where(F.col("has_error"))
               .select("api_name", "api_version", F.explode("errors").alias("error"))
               .groupBy("api_name", "api_version", "error").agg(F.count("*").alias("pairs")))
@@ -367,25 +382,30 @@ def topic_clients(pairs: DataFrame) -> DataFrame:
 
 
 def topics(pairs: DataFrame, flows: DataFrame) -> DataFrame:
-    """Per topic: records and bytes in and out, who produces, who consumes, pairs naming it."""
+    """Per topic: records and bytes in and out, who produces, who consumes, pairs naming it.
+
+    The topics the pairs name and the rows of ``flows`` are stacked (a named topic has no
+    role) and aggregated once by topic, instead of two aggregations and a join; a topic
+    only ``flows`` knows is left out, as that join left it out.
+    """
     producer = F.col("role") == "producer"
     consumer = F.col("role") == "consumer"
-    traffic = flows.groupBy("topic").agg(
-        F.sum(F.when(producer, F.col("records"))).alias("produced_records"),
-        F.sum(F.when(producer, F.col("bytes"))).alias("produced_bytes"),
-        F.sum(F.when(consumer, F.col("records"))).alias("fetched_records"),
-        F.sum(F.when(consumer, F.col("bytes"))).alias("fetched_bytes"),
-        F.array_sort(F.collect_set(F.when(producer, F.col("client_id")))).alias("producers"),
-        F.array_sort(F.collect_set(F.when(consumer, F.col("client_id")))).alias("consumers"))
-    named = (pairs.select(F.explode("topics").alias("topic"))
-             .groupBy("topic").agg(F.count("*").alias("pairs")))
+    none = F.lit(None)
+    named = pairs.select(F.explode("topics").alias("topic"), none.cast("string").alias("role"),
+                         none.cast("string").alias("client_id"), none.cast("long").alias("records"),
+                         none.cast("long").alias("bytes"))
     zero = F.lit(0).cast("long")
-    return (named.join(traffic, "topic", "left")
-            .select("topic", "pairs",
-                    *(F.coalesce(c, zero).alias(c) for c in
-                      ("produced_records", "produced_bytes", "fetched_records", "fetched_bytes")),
-                    F.coalesce("producers", F.array()).alias("producers"),
-                    F.coalesce("consumers", F.array()).alias("consumers"))
+    return (named.unionByName(flows.select("topic", "role", "client_id", F.col("records").cast("long"),
+                                           F.col("bytes").cast("long")))
+            .groupBy("topic")
+            .agg(_count_if(F.col("role").isNull()).alias("pairs"),
+                 F.coalesce(F.sum(F.when(producer, F.col("records"))), zero).alias("produced_records"),
+                 F.coalesce(F.sum(F.when(producer, F.col("bytes"))), zero).alias("produced_bytes"),
+                 F.coalesce(F.sum(F.when(consumer, F.col("records"))), zero).alias("fetched_records"),
+                 F.coalesce(F.sum(F.when(consumer, F.col("bytes"))), zero).alias("fetched_bytes"),
+                 F.array_sort(F.collect_set(F.when(producer, F.col("client_id")))).alias("producers"),
+                 F.array_sort(F.collect_set(F.when(consumer, F.col("client_id")))).alias("consumers"))
+            .where(F.col("pairs") > 0)
             .transform(_ordered, F.desc("produced_records"), F.desc("fetched_records"), "topic"))
 
 
@@ -405,12 +425,15 @@ def rebalances(pairs: DataFrame) -> DataFrame:
     """
     grouped = _group_pairs(pairs).where(F.col("outcome") == "response")
     ok = ~F.col("has_error") & F.col("generation").isNotNull() & (F.col("generation") >= 0)
-    joins = (grouped.where((F.col("api_name") == "JoinGroup") & ok)
-             .groupBy("group_id", "generation")
-             .agg(F.min("time").alias("started"), F.countDistinct("member_id").alias("members")))
-    syncs = (grouped.where((F.col("api_name") == "SyncGroup") & ok)
-             .groupBy("group_id", "generation").agg(F.max("end_time").alias("completed")))
-    classic = (joins.join(syncs, ["group_id", "generation"], "left")
+    # JoinGroup and SyncGroup answers in one aggregation (not one each and a join): a
+    # generation is a classic round when some JoinGroup gave it out.
+    join = F.col("api_name") == "JoinGroup"
+    classic = (grouped.where(F.col("api_name").isin("JoinGroup", "SyncGroup") & ok)
+               .groupBy("group_id", "generation")
+               .agg(_count_if(join).alias("joins"), F.min(F.when(join, F.col("time"))).alias("started"),
+                    F.max(F.when(~join, F.col("end_time"))).alias("completed"),
+                    _distinct(F.when(join, F.col("member_id"))).alias("members"))
+               .where(F.col("joins") > 0)
                .select("group_id", F.lit("classic").alias("protocol"), "generation", "started",
                        "completed", "members"))
     reached = (grouped.where(F.col("api_name").isin(*HEARTBEAT_GROUP_APIS) & ok
@@ -447,28 +470,45 @@ def group_errors(pairs: DataFrame) -> DataFrame:
 
 
 def groups(pairs: DataFrame, generations: DataFrame, members: DataFrame, errors: DataFrame) -> DataFrame:
-    """Per group: protocol, members, rebalances and their durations, errors, commits."""
-    base = (_group_pairs(pairs).groupBy("group_id")
-            .agg(_distinct("member_id").alias("members_seen"),
+    """Per group: protocol, members, rebalances and their durations, errors, commits.
+
+    The group's pairs and the rows of the three tables are stacked (each source fills
+    its own columns, the rest null) and aggregated once by group, instead of four
+    aggregations and three joins: the other tables' groups are all groups of these pairs.
+    """
+    def stacked(df: DataFrame, source: str, **columns) -> DataFrame:
+        return df.select("group_id", F.lit(source).alias("source"),
+                         *(columns.get(name, F.lit(None)).cast(kind).alias(name)
+                           for name, kind in _GROUP_STACK))
+
+    stack = (stacked(_group_pairs(pairs), "pairs", member_id=F.col("member_id"), client_id=F.col("client_id"),
+                     commit=F.col("api_name").isin("OffsetCommit", "TxnOffsetCommit"), time=F.col("time"))
+             .unionByName(stacked(generations, "generations", protocol=F.col("protocol"),
+                                  duration_s=F.col("duration_s")))
+             .unionByName(stacked(members, "members", members=F.col("members")))
+             .unionByName(stacked(errors, "errors", rejoin_errors=F.col("pairs"))))
+    generation = F.col("source") == "generations"
+    return (stack.groupBy("group_id")
+            .agg(_count_if(F.col("source") == "pairs").alias("pairs"),
+                 F.array_sort(F.collect_set("protocol")).alias("protocols"),
+                 _distinct("member_id").alias("members_seen"),
+                 F.coalesce(F.max("members"), F.lit(0).cast("long")).alias("members_peak"),
+                 _count_if(generation).alias("rebalances"),
+                 F.percentile_approx("duration_s", 0.5, PERCENTILE_ACCURACY).alias("rebalance_p50_s"),
+                 F.max("duration_s").alias("rebalance_max_s"),
+                 F.coalesce(F.sum("rejoin_errors"), F.lit(0).cast("long")).alias("rejoin_errors"),
+                 _count_if(F.col("commit")).alias("commits"),
                  F.array_sort(F.collect_set("client_id")).alias("client_ids"),
-                 _count_if(F.col("api_name").isin("OffsetCommit", "TxnOffsetCommit")).alias("commits"),
-                 F.min("time").alias("first_seen"), F.max("time").alias("last_seen")))
-    churn = (generations.groupBy("group_id")
-             .agg(F.array_sort(F.collect_set("protocol")).alias("protocols"),
-                  F.count("*").alias("rebalances"),
-                  F.percentile_approx("duration_s", 0.5, PERCENTILE_ACCURACY).alias("rebalance_p50_s"),
-                  F.max("duration_s").alias("rebalance_max_s")))
-    peak = members.groupBy("group_id").agg(F.max("members").alias("members_peak"))
-    forced = errors.groupBy("group_id").agg(F.sum("pairs").alias("rejoin_errors"))
-    return (base.join(churn, "group_id", "left").join(peak, "group_id", "left")
-            .join(forced, "group_id", "left")
-            .select("group_id", F.coalesce("protocols", F.array()).alias("protocols"),
-                    "members_seen", F.coalesce("members_peak", F.lit(0)).alias("members_peak"),
-                    F.coalesce("rebalances", F.lit(0)).alias("rebalances"),
-                    "rebalance_p50_s", "rebalance_max_s",
-                    F.coalesce("rejoin_errors", F.lit(0)).alias("rejoin_errors"),
-                    "commits", "client_ids", "first_seen", "last_seen")
+                 F.min("time").alias("first_seen"), F.max("time").alias("last_seen"))
+            .where(F.col("pairs") > 0)
+            .drop("pairs")
             .transform(_ordered, F.desc("rebalances"), "group_id"))
+
+
+# The columns ``groups`` stacks its four sources in (name, Spark type).
+_GROUP_STACK = (("member_id", "string"), ("client_id", "string"), ("commit", "boolean"),
+                ("time", "timestamp"), ("protocol", "string"), ("duration_s", "double"),
+                ("members", "long"), ("rejoin_errors", "long"))
 
 
 # ------------------------------------------------------------------ 6. slow pairs, churn
@@ -498,7 +538,7 @@ def churn_of_connections(connections: DataFrame) -> DataFrame:
                  F.max("lifetime_s").alias("lifetime_max_s"),
                  F.avg("requests").alias("requests_per_connection"),
                  F.min("opened").alias("first_opened"), F.max("opened").alias("last_opened"))
-            .transform(_ordered, F.desc("connections"), "client_id", "client_host"))
+            .transform(_ordered, F.desc("connections"), "client_id", "client_host", "proxy_instance"))
 
 
 # ------------------------------------------------------------------ per proxy instance

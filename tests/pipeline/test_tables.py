@@ -13,7 +13,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from kproxy.pipeline import Options, TABLE_NAMES, analyze, load_capture
+from kproxy.pipeline import Options, TABLE_NAMES, analyze, job, load_capture
 from kproxy.pipeline.synthetic import synthetic_table
 from kproxy.pipeline.tables import PERCENTILE_ACCURACY, SHORT_LIVED_CONNECTION_S
 from kproxy.protocol import is_removed
@@ -158,7 +158,11 @@ def test_topics_match(analysed):
         assert t["produced_records"] == sum(v for k, v in expected.items()
                                             if k[0] == name and k[1] == "producer" and k[3] == "records")
         assert set(t["producers"]) == {k[2] for k in expected if k[0] == name and k[1] == "producer"}
+        assert t["fetched_bytes"] == sum(v for k, v in expected.items()
+                                         if k[0] == name and k[1] == "consumer" and k[3] == "bytes")
+        assert set(t["consumers"]) == {k[2] for k in expected if k[0] == name and k[1] == "consumer"}
         assert t["pairs"] == sum(name in r["topics"] for r in rows)
+    assert set(topics) == {name for r in rows for name in r["topics"] or ()}
 
 
 def test_groups_and_rebalances_match(analysed):
@@ -179,6 +183,18 @@ def test_groups_and_rebalances_match(analysed):
         assert groups[group]["rebalances"] == classic + consumer
         assert groups[group]["members_seen"] == len({r["member_id"] for r in rows
                                                      if r["group_id"] == group and r["member_id"]})
+    # The other tables' figures per group, as ``groups`` gathers them.
+    members = table(result, "group_members")
+    rejoins = table(result, "group_errors")
+    assert set(groups) == {r["group_id"] for r in rows if r["group_id"]}
+    for group, g in groups.items():
+        mine = [r for r in rows if r["group_id"] == group]
+        assert g["commits"] == sum(r["api_name"] in ("OffsetCommit", "TxnOffsetCommit") for r in mine)
+        assert sorted(g["client_ids"]) == sorted({r["client_id"] for r in mine if r["client_id"] is not None})
+        assert (ref.utc(g["first_seen"]), ref.utc(g["last_seen"])) == (
+            min(ref.utc(r["time"]) for r in mine), max(ref.utc(r["time"]) for r in mine))
+        assert g["members_peak"] == max((m["members"] for m in members if m["group_id"] == group), default=0)
+        assert g["rejoin_errors"] == sum(e["pairs"] for e in rejoins if e["group_id"] == group)
 
 
 def test_slowest_pairs_are_the_slowest(analysed):
@@ -243,11 +259,17 @@ def test_tables_read_per_table_equal_the_shared_cache(analysed, spark, synthetic
     assert scan.where_kept(scan_inputs(synthetic_capture)) is scan.Kept.MEMORY
     monkeypatch.setattr(scan, "MEMORY_SCAN_MAX_PAIRS", 0)
     assert scan.where_kept(scan_inputs(synthetic_capture)) is scan.Kept.FILES
+    # ... and compiled, with the session's shuffle partitions, as larger captures run: the
+    # first run's queries were interpreted (job.SMALL_CAPTURE_SQL_SETTINGS).
+    monkeypatch.setattr(job, "SMALL_CAPTURE_MAX_PAIRS", 0)
     again = analyze(spark, [str(synthetic_capture)], str(tmp_path),
                     Options(window_seconds=WINDOW_S, top=15, report=False))
     for name in TABLE_NAMES:
         assert table(again, name) == table(result, name), name
     assert spark.sparkContext._jsc.sc().getPersistentRDDs().isEmpty()      # the cache was released
+    # The small capture's settings held for its run only (the session outlives it).
+    assert spark.conf.get("spark.sql.codegen.factoryMode", None) is None
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
 
 
 def scan_inputs(capture):
