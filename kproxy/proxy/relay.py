@@ -68,8 +68,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
-from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, Connection, Event,
-                                   ProtocolViolation, ResponseReceived)
+from ..protocol.connection import STREAM_FRAME_BYTES, Connection
+from ..protocol.errors import ProtocolViolation
+from ..protocol.events import Event, ResponseReceived
+from ..protocol.framer import DEFAULT_MAX_FRAME_SIZE
 from .local_requests import ClientSplit, LocalAnswers, LocalRequest
 from ..observers.contract import (BROKER_CLOSED, CANCELLED, CLIENT_CLOSED, CLIENT_DONE, UPSTREAM_UNREACHABLE,
                                   CloseCause, CloseKind, ConnectionInfo, Hook, HostPort, Observer)

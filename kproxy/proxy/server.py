@@ -62,7 +62,7 @@ from ..config import Config
 from ..protocol import DecodeError, decode_response, encode_response
 from ..observers.contract import SHUTTING_DOWN, CloseCause, CloseKind, Hook
 from ..protocol.api_keys import ApiKey
-from ..protocol.connection import RequestReceived, ResponseReceived
+from ..protocol.events import RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
 from .own_requests import READINESS_TIMEOUT_S, OwnRequests

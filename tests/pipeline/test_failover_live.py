@@ -38,7 +38,7 @@ from kproxy.observers.capture import CaptureConfig
 from kproxy.pipeline import failovers as failover_tables
 from kproxy.pipeline.audit import audit
 from kproxy.pipeline.source import load_capture
-from kproxy.protocol.connection import RequestReceived
+from kproxy.protocol.events import RequestReceived
 from tests.proxy.harness import ProxyThread, wait_for
 
 # Two JVM tools, a 3-node cluster's leader moved twice, Spark: minutes, not the default suite's

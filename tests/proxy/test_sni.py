@@ -39,7 +39,7 @@ import pytest
 from kproxy import config as config_module
 from kproxy.embedded import recv_exactly
 from kproxy.protocol import decode_response
-from kproxy.protocol.connection import RequestReceived
+from kproxy.protocol.events import RequestReceived
 from kproxy.proxy.server import Proxy
 from kproxy.certs.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
 from tests.background_tool import BackgroundTool
