@@ -30,7 +30,8 @@ from . import failovers as failover_tables
 from . import tables as T
 from .tables import REPORT_ROWS, WORST_P99_MIN_REQUESTS
 from .scan import shared_scan
-from .source import Inputs, InputError, load_capture
+from .load import load_capture
+from .source import Inputs, InputError
 
 if TYPE_CHECKING:
     from ..policy import Policy
