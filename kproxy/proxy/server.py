@@ -1,5 +1,7 @@
-"""The proxy: listeners, the rewrite policy, limits and shutdown; which nodes are served
-at which addresses is the broker directory's (``directory.py``, pure), which it asks.
+"""The proxy: what its listeners do with a connection, the rewrite policy, limits and
+shutdown; which nodes are served at which addresses is the broker directory's
+(``directory.py``, pure), which it asks; the listening sockets themselves (binding, bind
+retries, per-node listeners, the open-file plan) are ``listeners.py``'s.
 
 Two deployment modes share one mechanism, the address mapper that every
 address-bearing response goes through:
@@ -50,12 +52,9 @@ import asyncio
 import functools
 import itertools
 import logging
-import os
-import resource
 import socket
 import ssl
 import time
-from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..config import Config
@@ -76,6 +75,7 @@ from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, 
                       rewrite_addresses, withhold_nodes)
 from ..certs.sni import BOOTSTRAP
 from .directory import BrokerDirectory, NameCheck, Refusal
+from .listeners import LISTEN_BACKLOG, Listeners
 from . import undecodable_sni
 from .tls import client_context, server_context
 
@@ -89,7 +89,6 @@ CONTROLLER_ENDPOINT_TYPE = 2      # DescribeCluster's EndpointType for "list the
 # re-point that broker's listener at the controller port. They are rewritten, not learnt.
 CONTROLLER_ADDRESS_KEYS = frozenset({ApiKey.VOTE, ApiKey.BEGIN_QUORUM_EPOCH, ApiKey.END_QUORUM_EPOCH,
                                      ApiKey.DESCRIBE_QUORUM, ApiKey.FETCH_SNAPSHOT, ApiKey.UPDATE_RAFT_VOTER})
-LISTEN_BACKLOG = 1024             # accept queue per listener; clients burst on rebalances
 IDLE_CHECK_INTERVAL_S = 5.0       # how often idle connections are looked for
 SHUTDOWN_POLL_S = 0.05            # how often shutdown checks for in-flight requests
 CLOSE_GRACE_S = 2.0               # closed sockets' handlers finish in milliseconds; this is slack
@@ -114,11 +113,6 @@ DECODE_LOG_KINDS_PER_INTERVAL = 10
 # INFO line, and kproxy_connections_closed_total{reason} counts them all.
 MISCONFIGURATION_LOG_INTERVAL_S = 60.0
 MISCONFIGURATION_LOG_KINDS_PER_INTERVAL = 20
-# A broker listener that cannot be bound is tried again after this, doubling each time up
-# to the cap: a port freed by another process is picked up within BIND_RETRY_MAX_S, and
-# one bind attempt per node every few seconds costs nothing.
-BIND_RETRY_FIRST_S = 0.25
-BIND_RETRY_MAX_S = 5.0
 # Refused server names (SNI routing) are logged like decode failures: each name once per
 # interval, at most this many names per interval (a scanner trying names cannot flood the
 # log); kproxy_sni_refused_total counts every refusal.
@@ -130,32 +124,6 @@ ROUTE_ATTRIBUTE = "kproxy_route"  # set on each handshake's SSLObject: BOOTSTRAP
 # kproxy_connections_closed_total{reason}.
 REFUSAL_LOG_INTERVAL_S = 60.0
 REFUSAL_LOG_KINDS_PER_INTERVAL = 2
-# Open files: kproxy raises its soft limit up to the hard one (at most this: a million is
-# more connections than one event loop serves), keeps FD_HEADROOM descriptors for what
-# else opens files later (broker listeners, capture files, admin connections, TLS), and
-# counts two per proxied connection (the client's socket and the broker's).
-MAX_OPEN_FILES = 1 << 20
-FD_HEADROOM = 64
-FDS_PER_CONNECTION = 2
-
-
-@dataclass(eq=False)
-class UnboundListener:
-    """A broker listener kproxy wants open but cannot bind (yet); its node is withheld."""
-    node_id: int
-    address: HostPort
-    error: OSError
-    since: float = field(default_factory=time.monotonic)
-    failures: int = 0
-    causes_logged: set = field(default_factory=set)     # errnos already logged for this episode
-    retry: asyncio.Task | None = None
-
-    def reason(self) -> str:
-        host, port = self.address
-        return (f"broker-{self.node_id}: cannot listen on {host}:{port}: "
-                f"{self.error.strerror or self.error} ({self.failures} attempts in "
-                f"{time.monotonic() - self.since:.0f}s; node {self.node_id} is left out of "
-                f"what clients are told until it can)")
 
 
 class Proxy:
@@ -178,13 +146,12 @@ class Proxy:
         self._api_versions_answers: dict[tuple[int, bytes], bytes | None] = {}
         self.relays: set[Relay] = set()
         # Which nodes are served and at which addresses (pure); asks for listeners here.
-        self.directory = BrokerDirectory(config, self._ensure_broker_listener)
+        self.directory = BrokerDirectory(config, lambda node_id: self.listening.ensure_broker_listener(node_id))
         self.advertise = self.directory.advertise                  # the address mappers
         self.advertise_controller = self.directory.advertise_controller
         self.port_for = self.directory.port_for
         self.broker_addresses = self.directory.broker_addresses
-        self.listeners: dict[str, asyncio.Server] = {}     # "bootstrap" / "broker-<id>"
-        self.unbound: dict[int, UnboundListener] = {}      # node id -> listener that cannot bind
+        self.listening = Listeners(config, self.directory, self.observers, self._open_server, self._policy)
         self._bootstrap_cycle = itertools.cycle(range(len(config.upstreams)))
         self.sni_names = config.sni_names                  # None unless routing = "sni"
         self._sni_log = LogBudget(SNI_LOG_INTERVAL_S, SNI_LOG_NAMES_PER_INTERVAL)
@@ -220,12 +187,9 @@ class Proxy:
         if self.topic_names is not None:
             self.observers.append(self.topic_names)
         self._reaper: asyncio.Task | None = None
-        self._opening: set[str] = set()
         self._decode_log = LogBudget(DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL)
         self._unreachable_log = unreachable_log_budget()    # one for all listeners
         self._refusal_log = LogBudget(REFUSAL_LOG_INTERVAL_S, REFUSAL_LOG_KINDS_PER_INTERVAL)
-        self._fd_limit: int | None = None            # the soft open-file limit, once planned
-        self._fd_connections: int | None = None      # proxied connections it leaves room for
         self.rejected_connections = 0
         self._closed_traffic = {"from_client": 0, "to_broker": 0, "from_broker": 0, "to_client": 0}
         self.started = False
@@ -534,115 +498,35 @@ class Proxy:
                 closed["to_client"] += relay.bytes_to_client
         return handle
 
-    async def _serve(self, name: str, policy: RelayPolicy, sock: socket.socket) -> None:
+    async def _open_server(self, policy: RelayPolicy, sock: socket.socket) -> asyncio.Server:
+        """A listener's bound socket served with ``policy``'s handler (``Listeners`` calls it)."""
         if self._header_gate is not None:       # the header first, then TLS (if any)
-            server = await serve_proxied(self._header_gate, policy.name, self._handler(policy), sock,
-                                         LISTEN_BACKLOG)
-        else:
-            server = await serve_relays(self._handler(policy), sock=sock,
-                                        ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
-        if self.stopping:            # bound by a retry as shutdown began: never serve it
-            server.close()
-            return
-        self.listeners[name] = server
+            return await serve_proxied(self._header_gate, policy.name, self._handler(policy), sock,
+                                       LISTEN_BACKLOG)
+        return await serve_relays(self._handler(policy), sock=sock,
+                                  ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
 
-    def _bind(self, host: str, port: int) -> socket.socket:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if self.config.workers > 1:      # the kernel spreads connections among the workers
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
-            sock.listen(LISTEN_BACKLOG)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()                 # retried every few seconds: no descriptor may leak
-            raise
-        return sock
+    @property
+    def listeners(self) -> dict[str, asyncio.Server]:
+        """Listeners by name: "bootstrap" (or the sidecar's) and "broker-<id>"."""
+        return self.listening.servers
 
-    def _ensure_broker_listener(self, node_id: int) -> None:
-        """Open node's listener now (bound synchronously so the address works at once).
-
-        If it cannot be bound, a retry task owns it from then on: responses do not
-        re-try (or re-log) it, they only withhold the node.
-        """
-        name = f"broker-{node_id}"
-        if name in self.listeners or name in self._opening or node_id in self.unbound:
-            return
-        self._try_bind(node_id)
-
-    def _try_bind(self, node_id: int) -> bool:
-        name = f"broker-{node_id}"
-        address = (self.config.listen[0], self.port_for(node_id))
-        try:
-            sock = self._bind(*address)
-        except OSError as exc:
-            self._bind_failed(node_id, address, exc)
-            return False
-        port = sock.getsockname()[1]
-        self.directory.listener_bound(node_id, port)
-        self._opening.add(name)
-        task = asyncio.get_running_loop().create_task(
-            self._serve(name, self._policy(name, node_id), sock))
-        task.add_done_callback(lambda _t, name=name: self._opening.discard(name))
-        failed = self.unbound.pop(node_id, None)
-        if failed is None:
-            log.info("listening for node %d on %s:%d", node_id, address[0], port)
-        else:
-            log.info("listening for node %d on %s:%d after %d failed attempts in %.1fs; "
-                     "clients are told about it again", node_id, address[0], port,
-                     failed.failures, time.monotonic() - failed.since)
-        return True
-
-    def _bind_failed(self, node_id: int, address: HostPort, exc: OSError) -> None:
-        """Count every failure, log each cause once per episode, keep one retry task."""
-        notify_hook(self.observers, Hook.LISTENER_BIND_FAILED, f"broker-{node_id}", exc)
-        entry = self.unbound.get(node_id)
-        if entry is None:
-            entry = self.unbound[node_id] = UnboundListener(node_id, address, exc)
-            entry.retry = asyncio.get_running_loop().create_task(self._retry_bind(entry))
-            self.directory.listener_failed(node_id)
-        entry.address, entry.error = address, exc
-        entry.failures += 1
-        if exc.errno not in entry.causes_logged:
-            entry.causes_logged.add(exc.errno)
-            log.warning("cannot listen for node %d on %s:%d: %s; node %d is left out of what "
-                        "clients are told, and /readyz is 503, until it can (retrying every "
-                        "%gs at most)", node_id, *address, exc.strerror or exc, node_id,
-                        BIND_RETRY_MAX_S)
-
-    async def _retry_bind(self, entry: UnboundListener) -> None:
-        delay = BIND_RETRY_FIRST_S
-        while True:
-            await asyncio.sleep(delay)
-            if self.stopping or self.unbound.get(entry.node_id) is not entry:
-                return
-            if self._try_bind(entry.node_id):
-                return
-            delay = min(delay * 2, BIND_RETRY_MAX_S)
+    @property
+    def unbound(self) -> dict:
+        """node id -> its broker listener that cannot be bound (yet): ``UnboundListener``."""
+        return self.listening.unbound
 
     def unbound_reasons(self) -> list[str]:
         """One line per broker listener that cannot be bound now (for /readyz)."""
-        return [entry.reason() for entry in list(self.unbound.values())]
+        return self.listening.unbound_reasons()
 
     def _brokers_listed(self, present: set[int]) -> None:
         """A Metadata answer lists every broker: the directory stops serving the others, and
         (gateway) their listeners are closed."""
         for node_id in self.directory.brokers_listed(present):
             self._sni_policies.pop(node_id, None)
-        if not present or self.config.mode != "gateway":
-            return
-        for name in [n for n in self.listeners if n.startswith("broker-")]:
-            node_id = int(name.split("-", 1)[1])
-            if node_id not in present:
-                log.info("node %d left the cluster; closing its listener", node_id)
-                self.listeners.pop(name).close()
-                self.directory.listener_closed(node_id)
-        for node_id in [n for n in self.unbound if n not in present]:
-            log.info("node %d left the cluster; no longer trying to listen for it", node_id)
-            self.unbound.pop(node_id).retry.cancel()
-            self.directory.listener_closed(node_id)
+        if present and self.config.mode == "gateway":
+            self.listening.nodes_left(present)
 
     def traffic(self) -> dict[str, int]:
         """Cumulative bytes each way (closed connections plus live ones), for metrics."""
@@ -659,8 +543,7 @@ class Proxy:
 
     @property
     def bootstrap_address(self) -> HostPort:
-        sock = self.listeners["bootstrap"].sockets[0]
-        return sock.getsockname()[:2]
+        return self.listening.bootstrap_address
 
     # ------------------------------------------------------------ lifecycle
 
@@ -670,54 +553,23 @@ class Proxy:
         taken = len(self.relays) + (len(self._header_gate.pending) if self._header_gate is not None else 0)
         if taken >= self.config.max_connections:
             return CloseCause(CloseKind.MAX_CONNECTIONS, f"max_connections ({self.config.max_connections}) reached")
-        if self._fd_connections is not None and taken >= self._fd_connections:
+        fd_connections = self.listening.fd_connections
+        if fd_connections is not None and taken >= fd_connections:
             return CloseCause(CloseKind.FD_LIMIT, (
-                f"the open file limit ({self._fd_limit}) leaves room for {self._fd_connections} "
+                f"the open file limit ({self.listening.fd_limit}) leaves room for {fd_connections} "
                 f"proxied connections (two sockets each); raise it (ulimit -n, LimitNOFILE)"))
         return None
 
-    def _plan_file_descriptors(self) -> None:
-        """Raise the soft open-file limit to the hard one, and stop taking connections while
-        there are still descriptors left: at the limit the event loop drops new clients
-        without a word (uvloop accepts and closes them), which nobody could diagnose."""
-        try:
-            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            if hard == resource.RLIM_INFINITY or hard > soft:
-                wanted = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
-                if wanted > soft:
-                    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-                    soft = wanted
-            in_use = len(os.listdir("/proc/self/fd"))
-        except (OSError, ValueError):            # not Linux, or not allowed: keep max_connections
-            return
-        self._fd_limit = soft
-        self._fd_connections = max(0, (soft - in_use - FD_HEADROOM) // FDS_PER_CONNECTION)
-        if self._fd_connections < self.config.max_connections:
-            # A warning when the limit, not max_connections, is what will refuse clients first
-            # by far; a near miss (a hard limit of 20,000 against the default 10,000) is only
-            # a debug line: nothing an operator needs to act on.
-            level = logging.WARNING if self._fd_connections < self.config.max_connections // 2 \
-                else logging.DEBUG
-            log.log(level, "the open file limit (%d, %d in use) allows %d proxied connections, fewer "
-                    "than max_connections (%d); raise it (ulimit -n, LimitNOFILE)", soft, in_use,
-                    self._fd_connections, self.config.max_connections)
-
     async def start(self) -> None:
         c = self.config
-        self._plan_file_descriptors()
+        self.listening.plan_file_descriptors()
         if c.mode == "sidecar":
             local = c.upstreams[0]              # the sidecar's one listener reaches its own broker
             policy = self._policy("sidecar", None)
             policy.upstreams = lambda: [local]
         else:
             policy = self._policy("bootstrap", None)
-        try:
-            sock = self._bind(*c.listen)
-        except OSError as exc:      # nothing is served yet: fail at start, naming the address
-            raise OSError(f"listen {c.listen[0]}:{c.listen[1]}: "
-                          f"{exc.strerror or exc}") from None
-        self.directory.listen_port = sock.getsockname()[1]
-        await self._serve("bootstrap", policy, sock)
+        await self.listening.open_bootstrap(policy)
         self._reaper = asyncio.get_running_loop().create_task(self._reap_idle())
         if self.server_tls is not None:
             undecodable_sni.watch(asyncio.get_running_loop(), self._undecodable_server_name)
@@ -753,12 +605,9 @@ class Proxy:
         moment with nothing in flight anywhere would always run into the timeout.
         """
         self.stopping = True
-        for server in list(self.listeners.values()):
-            server.close()
+        self.listening.close()
         if self._header_gate is not None:
             self._header_gate.close_all()
-        for entry in self.unbound.values():
-            entry.retry.cancel()
         for relay in list(self.relays):
             relay.stop_reading_requests()
         deadline = time.monotonic() + self.config.shutdown_timeout
@@ -779,13 +628,7 @@ class Proxy:
         tasks = [r.task for r in self.relays if r.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_GRACE_S)
-        # A snapshot: a handler finishing meanwhile may still drop a broker's listener.
-        for server in list(self.listeners.values()):
-            try:        # bounded: on newer Pythons wait_closed also waits for connections
-                await asyncio.wait_for(server.wait_closed(), CLOSE_GRACE_S)
-            except asyncio.TimeoutError:
-                log.warning("a listener did not finish closing within %gs", CLOSE_GRACE_S)
-        self.listeners.clear()
+        await self.listening.wait_closed(CLOSE_GRACE_S)
         log.info("kproxy stopped")
 
     # ------------------------------------------------------------ logging
