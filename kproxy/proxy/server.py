@@ -1,7 +1,8 @@
 """The proxy: what its listeners do with a connection, the rewrite policy, limits and
 shutdown; which nodes are served at which addresses is the broker directory's
 (``directory.py``, pure), which it asks; the listening sockets themselves (binding, bind
-retries, per-node listeners, the open-file plan) are ``listeners.py``'s.
+retries, per-node listeners, the open-file plan) are ``listeners.py``'s, and the routes
+of TLS connections by server name ``sni_routing.py``'s.
 
 Two deployment modes share one mechanism, the address mapper that every
 address-bearing response goes through:
@@ -73,9 +74,9 @@ from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPoli
 from . import telemetry_offer
 from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
                       rewrite_addresses, withhold_nodes)
-from ..certs.sni import BOOTSTRAP
 from .directory import BrokerDirectory, NameCheck, Refusal
 from .listeners import LISTEN_BACKLOG, Listeners
+from .sni_routing import SniRouting
 from . import undecodable_sni
 from .tls import client_context, server_context
 
@@ -113,12 +114,6 @@ DECODE_LOG_KINDS_PER_INTERVAL = 10
 # INFO line, and kproxy_connections_closed_total{reason} counts them all.
 MISCONFIGURATION_LOG_INTERVAL_S = 60.0
 MISCONFIGURATION_LOG_KINDS_PER_INTERVAL = 20
-# Refused server names (SNI routing) are logged like decode failures: each name once per
-# interval, at most this many names per interval (a scanner trying names cannot flood the
-# log); kproxy_sni_refused_total counts every refusal.
-SNI_LOG_INTERVAL_S = 60.0
-SNI_LOG_NAMES_PER_INTERVAL = 5
-ROUTE_ATTRIBUTE = "kproxy_route"  # set on each handshake's SSLObject: BOOTSTRAP or a node id
 # Connections refused for a limit (max_connections, open files) come in bursts: each limit
 # is logged once a minute with how many were not; all are counted in
 # kproxy_connections_closed_total{reason}.
@@ -154,8 +149,6 @@ class Proxy:
         self.listening = Listeners(config, self.directory, self.observers, self._open_server, self._policy)
         self._bootstrap_cycle = itertools.cycle(range(len(config.upstreams)))
         self.sni_names = config.sni_names                  # None unless routing = "sni"
-        self._sni_log = LogBudget(SNI_LOG_INTERVAL_S, SNI_LOG_NAMES_PER_INTERVAL)
-        self._sni_policies: dict[object, RelayPolicy] = {}  # BOOTSTRAP / node id -> policy
         self._tls_log = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL)
         # TLS contexts, rebuilt when their files change (tls_reload): listeners keep
         # _server_ssl for good, and its SNI callback moves each handshake to the newest.
@@ -182,6 +175,8 @@ class Proxy:
             lambda: self._server_ssl, self._connection_limit) if config.proxy_protocol_versions else None
         # Discovery (SNI) and readiness: requests of kproxy's own to the upstreams.
         self.own_requests = OwnRequests(config, self._bootstrap_candidates, self._upstream_ssl)
+        # Which node a TLS connection goes to by its server name (inert unless routing = "sni").
+        self.sni = SniRouting(config, self.directory, self.own_requests, self.observers, self._policy)
         # Names for topic ids no relayed answer named (sidecars: Fetch v13+ before any Metadata).
         self.topic_names = TopicNameLookup(self.own_requests, self.observers) if config.topic_id_lookup else None
         if self.topic_names is not None:
@@ -224,7 +219,7 @@ class Proxy:
         """Every client handshake, before kproxy's certificate is chosen: SNI routing's
         check, then the newest certificate (a reload) for this handshake."""
         if self.sni_names is not None:
-            refusal = self._on_server_name(ssl_object, server_name, context)
+            refusal = self.sni.on_server_name(ssl_object, server_name, context)
             if refusal is not None:
                 return refusal
         newest = self.server_tls.current
@@ -246,27 +241,7 @@ class Proxy:
         for tls in sides:
             self._tls_watches.append(loop.create_task(tls.reload(why)))
 
-    # ------------------------------------------------------------ SNI routing
-
-    def _on_server_name(self, ssl_object, server_name: str | None, _context) -> int | None:
-        """The handshake's SNI callback: note the route on the connection, or refuse it."""
-        check = self.directory.check_server_name(server_name)
-        if check.refusal is None and self._unserved(check.route) and not self.own_requests.would_learn():
-            # Asking the cluster again now would be skipped (asked within the interval): the
-            # handshake could only end in the refusal the handler would give after it.
-            check = self.directory.unserved_refusal(server_name, check.route)
-        if check.refusal is not None:
-            self._refuse_name(server_name, check)
-            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
-        setattr(ssl_object, ROUTE_ATTRIBUTE, check.route)
-        return None
-
-    def _unserved(self, route) -> bool:
-        """Whether a gateway's SNI route names a node kproxy does not serve (now)."""
-        return self.directory.unserved(route)
-
-    def _refuse_unserved(self, server_name: str | None, node_id: int) -> None:
-        self._refuse_name(server_name, self.directory.unserved_refusal(server_name, node_id))
+    # ------------------------------------------------------------ SNI routing (sni_routing.py)
 
     def _undecodable_server_name(self, raw: bytes) -> None:
         """A ClientHello's server name that is not ASCII (Python's ssl failed the handshake
@@ -274,37 +249,8 @@ class Proxy:
         if self.sni_names is None:
             self._tls_handshake_failed("other", "server name not ASCII")
             return
-        self._refuse_name(raw, NameCheck(None, Refusal.UNKNOWN_NAME,
-                                         f"server name {raw!r} is not ASCII, so no name kproxy serves"))
-
-    def _refuse_name(self, server_name: str | bytes | None, check: NameCheck) -> None:
-        """Count and log (within a budget) a server name SNI routing refuses."""
-        notify_hook(self.observers, Hook.SNI_REFUSED, check.refusal.value)
-        said = check.said
-        unlogged = self._sni_log.admit(server_name)
-        if unlogged is not None:
-            log.warning("refusing a TLS connection: %s (the same again within %gs is not logged%s; "
-                        "see kproxy_sni_refused_total)", said, SNI_LOG_INTERVAL_S,
-                        f"; {unlogged} earlier refusals were not logged" if unlogged else "")
-
-    def _route_of(self, client) -> object:
-        """The SNI route the handshake noted (BOOTSTRAP or a node id); None if none."""
-        return getattr(client.get_extra_info("ssl_object"), ROUTE_ATTRIBUTE, None)
-
-    def _routed(self, policy: RelayPolicy, client) -> RelayPolicy | None:
-        """The policy for one accepted connection: the listener's, or (SNI gateway) the
-        one its server name picked. None if it has no route (never expected) or names a
-        node kproxy does not serve: a policy (and a ``listener`` label) per node served only."""
-        if self.sni_names is None or self.config.mode == "sidecar":
-            return policy
-        route = self._route_of(client)
-        if route is None or self._unserved(route):
-            return None
-        if route == BOOTSTRAP:
-            return policy
-        if route not in self._sni_policies:
-            self._sni_policies[route] = self._policy(f"broker-{route}", route)
-        return self._sni_policies[route]
+        self.sni.refuse_name(raw, NameCheck(None, Refusal.UNKNOWN_NAME,
+                                            f"server name {raw!r} is not ASCII, so no name kproxy serves"))
 
     async def upstream_ready(self) -> tuple[bool, str]:
         """Whether a broker answers an ApiVersions round trip (for /readyz; cached, shared).
@@ -448,11 +394,11 @@ class Proxy:
 
     def _handler(self, listener_policy: RelayPolicy):
         async def handle(client):
-            route = self._route_of(client) if self.sni_names is not None else None
+            route = self.sni.route_of(client) if self.sni_names is not None else None
             # A node kproxy does not serve yet: the cluster is asked below; meanwhile the
             # connection counts (limits, shutdown) under the listener's name.
-            learning = self._unserved(route)
-            policy = listener_policy if learning else self._routed(listener_policy, client)
+            learning = self.sni.unserved(route)
+            policy = listener_policy if learning else self.sni.routed(listener_policy, client)
             if policy is None:
                 log.error("refusing a connection on %s: its TLS handshake chose no route",
                           listener_policy.name)
@@ -483,9 +429,9 @@ class Proxy:
                     except asyncio.CancelledError:      # shutdown: end normally, not cancelled
                         client.close()
                         return
-                    policy = self._routed(listener_policy, client)
+                    policy = self.sni.routed(listener_policy, client)
                     if policy is None:                  # still not a node kproxy serves
-                        self._refuse_unserved(self.sni_names.name_of(route), route)
+                        self.sni.refuse_unserved(self.sni_names.name_of(route), route)
                         client.close()
                         return
                 await run_relay(relay, policy, client)
@@ -524,7 +470,7 @@ class Proxy:
         """A Metadata answer lists every broker: the directory stops serving the others, and
         (gateway) their listeners are closed."""
         for node_id in self.directory.brokers_listed(present):
-            self._sni_policies.pop(node_id, None)
+            self.sni.forget(node_id)
         if present and self.config.mode == "gateway":
             self.listening.nodes_left(present)
 

@@ -242,17 +242,17 @@ def test_a_sidecar_that_knows_its_node_refuses_other_nodes_names(pki):
 
     class Handshake:          # what the callback gets: the connection's SSLObject
         pass
-    assert proxy._on_server_name(Handshake(), name_of(2), None) is None
+    assert proxy.sni.on_server_name(Handshake(), name_of(2), None) is None
     proxy.advertise(2, "10.0.0.2", 9092)
     assert proxy.local_node is None                     # node 2 is not this sidecar's broker
     proxy.advertise(1, "10.0.0.1", 9092)
     assert proxy.local_node == 1
     refused = Handshake()
-    assert proxy._on_server_name(refused, name_of(2), None) == ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+    assert proxy.sni.on_server_name(refused, name_of(2), None) == ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
     assert not hasattr(refused, "kproxy_route")
     for name, route in ((name_of(1), 1), (BOOTSTRAP_NAME, BOOTSTRAP)):
         served = Handshake()
-        assert proxy._on_server_name(served, name, None) is None and served.kproxy_route == route
+        assert proxy.sni.on_server_name(served, name, None) is None and served.kproxy_route == route
 
 
 def handshake(address: tuple[str, int], pki, server_name: str | None) -> str:
