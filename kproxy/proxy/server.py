@@ -140,34 +140,18 @@ class Proxy:
         # (version, answer after its correlation id) -> its rewritten rest, or None: unchanged
         self._api_versions_answers: dict[tuple[int, bytes], bytes | None] = {}
         self.relays: set[Relay] = set()
-        # Which nodes are served and at which addresses (pure); asks for listeners here.
-        self.directory = BrokerDirectory(config, lambda node_id: self.listening.ensure_broker_listener(node_id))
+        # Which nodes are served and at which addresses (pure); asks the listeners for a node's.
+        self.directory = BrokerDirectory(config)
         self.advertise = self.directory.advertise                  # the address mappers
         self.advertise_controller = self.directory.advertise_controller
         self.port_for = self.directory.port_for
         self.broker_addresses = self.directory.broker_addresses
         self.listening = Listeners(config, self.directory, self.observers, self._open_server, self._policy)
+        self.directory.open_listener = self.listening.ensure_broker_listener
         self._bootstrap_cycle = itertools.cycle(range(len(config.upstreams)))
         self.sni_names = config.sni_names                  # None unless routing = "sni"
         self._tls_log = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL)
-        # TLS contexts, rebuilt when their files change (tls_reload): listeners keep
-        # _server_ssl for good, and its SNI callback moves each handshake to the newest.
-        self._server_ssl: ssl.SSLContext | None = None
-        self.server_tls = self.client_tls = None
-        if config.tls_server is not None or config.tls_client is not None:
-            from .tls_reload import ReloadingContext     # cryptography: only with TLS (~16 MB)
-        if config.tls_server is not None:
-            self.server_tls = ReloadingContext("server", "tls_server", config.tls_server,
-                                               self._new_server_context, self.observers)
-            self._server_ssl = self.server_tls.current
-            if self.sni_names is not None:
-                self.directory.certificate_names = self.server_tls.material.dns_names()
-                self.server_tls.on_change(
-                    lambda material: self.directory.certificate_changed(material.dns_names()))
-        if config.tls_client is not None:
-            self.client_tls = ReloadingContext("client", "tls_client", config.tls_client,
-                                               functools.partial(client_context, config.tls_client),
-                                               self.observers)
+        self._load_tls()
         self._tls_watches: list[asyncio.Task] = []
         # PROXY protocol (off: None, and listeners accept straight into the relay).
         self._header_gate = HeaderGate(
@@ -206,6 +190,27 @@ class Proxy:
         return self.directory.local_node
 
     # ------------------------------------------------------------ TLS
+
+    def _load_tls(self) -> None:
+        """TLS contexts, rebuilt when their files change (tls_reload): listeners keep
+        _server_ssl for good, and its SNI callback moves each handshake to the newest."""
+        config = self.config
+        self._server_ssl: ssl.SSLContext | None = None
+        self.server_tls = self.client_tls = None
+        if config.tls_server is not None or config.tls_client is not None:
+            from .tls_reload import ReloadingContext     # cryptography: only with TLS (~16 MB)
+        if config.tls_server is not None:
+            self.server_tls = ReloadingContext("server", "tls_server", config.tls_server,
+                                               self._new_server_context, self.observers)
+            self._server_ssl = self.server_tls.current
+            if self.sni_names is not None:
+                self.directory.certificate_names = self.server_tls.material.dns_names()
+                self.server_tls.on_change(
+                    lambda material: self.directory.certificate_changed(material.dns_names()))
+        if config.tls_client is not None:
+            self.client_tls = ReloadingContext("client", "tls_client", config.tls_client,
+                                               functools.partial(client_context, config.tls_client),
+                                               self.observers)
 
     def _new_server_context(self, material) -> ssl.SSLContext:
         """The listeners' context the first time (every handshake starts in it, and its
