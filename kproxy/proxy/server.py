@@ -1,8 +1,9 @@
-"""The proxy: what its listeners do with a connection, the rewrite policy, limits and
-shutdown; which nodes are served at which addresses is the broker directory's
-(``directory.py``, pure), which it asks; the listening sockets themselves (binding, bind
-retries, per-node listeners, the open-file plan) are ``listeners.py``'s, and the routes
-of TLS connections by server name ``sni_routing.py``'s.
+"""The proxy: what its listeners do with a connection, limits and shutdown. It composes
+the parts that hold the rest: which nodes are served at which addresses is the broker
+directory's (``directory.py``, pure); the listening sockets (binding, bind retries,
+per-node listeners, the open-file plan) are ``listeners.py``'s; the routes of TLS
+connections by server name ``sni_routing.py``'s; what held answers become (rewritten
+addresses, capped ApiVersions) ``answer_rewriting.py``'s.
 
 Two deployment modes share one mechanism, the address mapper that every
 address-bearing response goes through:
@@ -59,9 +60,7 @@ import time
 from typing import Iterable
 
 from ..config import Config
-from ..protocol import DecodeError, decode_response, encode_response
 from ..observers.contract import SHUTTING_DOWN, CloseCause, CloseKind, Hook
-from ..protocol.api_keys import ApiKey
 from ..protocol.events import RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
@@ -69,12 +68,11 @@ from .own_requests import READINESS_TIMEOUT_S, OwnRequests
 from .topic_names import TopicNameLookup
 from .proxy_protocol import HeaderGate, serve_proxied
 from .policy_answers import PolicyAnswers
-from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
+from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, notify_hook, run_relay,
                     serve_relays)
 from . import telemetry_offer
-from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
-                      rewrite_addresses, withhold_nodes)
 from .directory import BrokerDirectory, NameCheck, Refusal
+from .answer_rewriting import AnswerRewriter
 from .listeners import LISTEN_BACKLOG, Listeners
 from .sni_routing import SniRouting
 from . import undecodable_sni
@@ -82,27 +80,9 @@ from .tls import client_context, server_context
 
 log = logging.getLogger("kproxy.server")
 
-CORRELATION_ID_BYTES = 4          # a response frame's first field (ApiVersions' header is always v0)
-CONTROLLER_ENDPOINT_TYPE = 2      # DescribeCluster's EndpointType for "list the controllers"
-# Responses whose addresses are KRaft controller (quorum) listeners, not brokers': Vote,
-# BeginQuorumEpoch, EndQuorumEpoch, DescribeQuorum, FetchSnapshot, UpdateRaftVoter. In
-# combined mode a controller shares its node id with a broker, so learning from them would
-# re-point that broker's listener at the controller port. They are rewritten, not learnt.
-CONTROLLER_ADDRESS_KEYS = frozenset({ApiKey.VOTE, ApiKey.BEGIN_QUORUM_EPOCH, ApiKey.END_QUORUM_EPOCH,
-                                     ApiKey.DESCRIBE_QUORUM, ApiKey.FETCH_SNAPSHOT, ApiKey.UPDATE_RAFT_VOTER})
 IDLE_CHECK_INTERVAL_S = 5.0       # how often idle connections are looked for
 SHUTDOWN_POLL_S = 0.05            # how often shutdown checks for in-flight requests
 CLOSE_GRACE_S = 2.0               # closed sockets' handlers finish in milliseconds; this is slack
-# (API, version) pairs whose hold decision is remembered: a client may send any of 2^32,
-# so the table is bounded; the pairs in use are a few dozen.
-HOLD_ANSWERS_CACHED = 4096
-# Capped ApiVersions answers remembered, by request version and bytes after the correlation
-# id: a broker gives every client the same answer, and decoding its ~80 entries and
-# encoding them again took ~1.3 ms of the event loop each (10 clients pipelining
-# ApiVersions without reading made every other client wait seconds). A broker per
-# version per distinct answer: a few dozen at most in a cluster; bounded all the same.
-API_VERSIONS_ANSWERS_CACHED = 256
-_UNCACHED = object()
 # Decode failures are logged once per (direction, api, version) kind per interval, and at
 # most this many kinds per interval: a client sending random api keys can neither flood the
 # log nor, by using up a budget, silence it for good. What is not logged is counted in the
@@ -135,10 +115,6 @@ class Proxy:
                                 if config.telemetry_offer.enabled else None)
         if self.telemetry_offer is not None:
             self.observers.insert(0, self.telemetry_offer)
-        # Asked for every answer. Clients use a few (API, version) pairs, but may send any.
-        self.hold = functools.lru_cache(HOLD_ANSWERS_CACHED)(self._holds)
-        # (version, answer after its correlation id) -> its rewritten rest, or None: unchanged
-        self._api_versions_answers: dict[tuple[int, bytes], bytes | None] = {}
         self.relays: set[Relay] = set()
         # Which nodes are served and at which addresses (pure); asks the listeners for a node's.
         self.directory = BrokerDirectory(config)
@@ -148,6 +124,9 @@ class Proxy:
         self.broker_addresses = self.directory.broker_addresses
         self.listening = Listeners(config, self.directory, self.observers, self._open_server, self._policy)
         self.directory.open_listener = self.listening.ensure_broker_listener
+        # What held answers become: addresses rewritten, ApiVersions capped (answer_rewriting.py).
+        self.rewriter = AnswerRewriter(config, self.directory, self.telemetry_offer, self._brokers_listed)
+        self.hold, self.transform = self.rewriter.hold, self.rewriter.transform
         self._bootstrap_cycle = itertools.cycle(range(len(config.upstreams)))
         self.sni_names = config.sni_names                  # None unless routing = "sni"
         self._tls_log = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL)
@@ -279,86 +258,6 @@ class Proxy:
             await asyncio.wait_for(self.own_requests.learn_brokers(self.advertise), READINESS_TIMEOUT_S)
         except asyncio.TimeoutError:
             pass                # the readiness answer says why the cluster does not answer
-
-    # ------------------------------------------------------------ rewriting
-
-    def _holds(self, api_key: int, api_version: int) -> bool:
-        """Whether answers to this (API, version) are held for ``transform`` (``hold``, cached)."""
-        return carries_addresses(api_key, api_version) or (
-            api_key == ApiKey.API_VERSIONS and (self.config.cap_api_versions or self.telemetry_offer is not None))
-
-    def transform(self, event: ResponseReceived) -> bytes | None:
-        """Rewrite addresses (and cap ApiVersions) in a held response; None keeps it as is."""
-        api_key, version = event.api_key, event.api_version
-        if api_key == ApiKey.API_VERSIONS and (self.config.cap_api_versions or self.telemetry_offer is not None):
-            return self._capped_api_versions(event)
-        return self._rewritten(event)
-
-    def _capped_api_versions(self, event: ResponseReceived) -> bytes | None:
-        """``transform`` for ApiVersions: the same answer is capped once, then remembered.
-
-        Capped in a decode of its own: observers see every copy as the broker sent it
-        (``event.frame``), the first one included."""
-        frame = event.frame
-        version = event.api_version
-        offer = self.telemetry_offer
-        # With the telemetry offer, whether 71/72 are added depends on the client too.
-        key = (version, bytes(frame[CORRELATION_ID_BYTES:]),
-               None if offer is None else telemetry_offer.denied(telemetry_offer.software_of(event.request_event)))
-        rest = self._api_versions_answers.get(key, _UNCACHED)
-        if rest is _UNCACHED:
-            rest = None
-            try:
-                response = decode_response(frame, ApiKey.API_VERSIONS, version)
-            except DecodeError:
-                response = None              # not capped, as a failed decode never was
-            changed = response is not None and self.config.cap_api_versions and cap_api_versions(response)
-            if response is not None and offer is not None:
-                changed = offer.add_to(event, response) or changed
-            if changed:
-                try:
-                    rest = bytes(encode_response(response, ApiKey.API_VERSIONS, version)[CORRELATION_ID_BYTES:])
-                except (ValueError, TypeError, OverflowError) as exc:
-                    raise RewriteFailed(f"re-encoding ApiVersions v{version}: {exc}") from None
-            if len(self._api_versions_answers) >= API_VERSIONS_ANSWERS_CACHED:
-                self._api_versions_answers.clear()
-            self._api_versions_answers[key] = rest
-        return None if rest is None else bytes(frame[:CORRELATION_ID_BYTES]) + rest
-
-    def _rewritten(self, event: ResponseReceived) -> bytes | None:
-        api_key, version = event.api_key, event.api_version
-        directory = self.directory
-        if api_key in ENDPOINTS_ONLY_KEYS and not directory.withheld:
-            # With every listener bound only the endpoints could change (withholding also
-            # touches partitions' leader hints): none, nothing to do, no whole decode.
-            partial = event.partial
-            if partial is not None and not partial.is_opaque and not partial.body.node_endpoints:
-                return None
-        response = event.response
-        if response is None or response.is_opaque:
-            if carries_addresses(api_key, version):
-                raise RewriteFailed(f"{event.request_event.api_name} v{version}: "
-                                    f"{event.decode_error or 'unknown version'}")
-            return None
-        changed = False
-        if api_key == ApiKey.METADATA:
-            self._brokers_listed({n for n, _, _ in node_addresses(api_key, version, response.body)})
-        controllers = api_key in CONTROLLER_ADDRESS_KEYS or (
-            api_key == ApiKey.DESCRIBE_CLUSTER
-            and getattr(response.body, "endpoint_type", None) == CONTROLLER_ENDPOINT_TYPE)
-        mapper = directory.advertise_controller if controllers else directory.advertise
-        directory.begin_answer()
-        changed = rewrite_addresses(api_key, version, response, mapper) or changed
-        # Unbound listeners are brokers'; nodes the directory refused are either.
-        unserved = directory.left_out(controllers)
-        if unserved:
-            changed = withhold_nodes(api_key, version, response, unserved) or changed
-        if not changed:
-            return None
-        try:
-            return encode_response(response, api_key, version)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise RewriteFailed(f"re-encoding {event.request_event.api_name} v{version}: {exc}") from None
 
     # ------------------------------------------------------------ listeners
 

@@ -206,7 +206,7 @@ def test_every_address_bearing_response_names_each_node_by_its_own_name(pki, api
     brokers of their node ids are learnt first here."""
     from kproxy.protocol import Response, decode_response, encode_response
     from kproxy.proxy.rewrite import node_addresses, rewrite_addresses
-    from kproxy.proxy.server import CONTROLLER_ADDRESS_KEYS
+    from kproxy.proxy.answer_rewriting import CONTROLLER_ADDRESS_KEYS
     from tests.protocol.samples import sample_body
 
     proxy = Proxy(config_module.build({
