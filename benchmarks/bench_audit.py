@@ -30,7 +30,8 @@ from kproxy.observers.audit import Audit, AuditConfig  # noqa: E402
 from kproxy.observers.metrics import Metrics  # noqa: E402
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body  # noqa: E402
 from kproxy.protocol.api_keys import ApiKey  # noqa: E402
-from kproxy.protocol.connection import Connection, RequestReceived, ResponseReceived  # noqa: E402
+from kproxy.protocol.connection import Connection  # noqa: E402
+from kproxy.protocol.events import RequestReceived, ResponseReceived  # noqa: E402
 from kproxy.protocol.record_encoder import build_batch  # noqa: E402
 from kproxy.protocol.records import Record  # noqa: E402
 from kproxy.observers.contract import ConnectionInfo  # noqa: E402

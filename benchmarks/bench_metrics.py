@@ -58,7 +58,8 @@ from prometheus_client import generate_latest  # noqa: E402
 from kproxy.observers.metrics import Metrics  # noqa: E402
 from kproxy.protocol import (Request, Response, Struct, Uuid, encode_request, encode_response,  # noqa: E402
                              new_body, schema)
-from kproxy.protocol.connection import Connection, ResponseReceived  # noqa: E402
+from kproxy.protocol.connection import Connection  # noqa: E402
+from kproxy.protocol.events import ResponseReceived  # noqa: E402
 from kproxy.protocol.record_encoder import build_batch  # noqa: E402
 from kproxy.protocol.records import Record  # noqa: E402
 

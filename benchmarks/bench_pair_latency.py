@@ -176,7 +176,7 @@ def record_frames() -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
     from harness import ProxyThread
     from kproxy.embedded.kafka import KafkaCluster
-    from kproxy.protocol.connection import ResponseReceived
+    from kproxy.protocol.events import ResponseReceived
     frames: dict[str, tuple[bytes, bytes]] = {}
 
     def observer(info, events):

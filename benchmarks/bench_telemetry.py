@@ -28,7 +28,8 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Gauge, Metric, MetricsDat
 from kproxy.observers.capture.summary import build_row  # noqa: E402
 from kproxy.observers.telemetry import ClientTelemetry  # noqa: E402
 from kproxy.protocol import Request, Response, Uuid, encode_request, encode_response, new_body  # noqa: E402
-from kproxy.protocol.connection import Connection, ResponseReceived  # noqa: E402
+from kproxy.protocol.connection import Connection  # noqa: E402
+from kproxy.protocol.events import ResponseReceived  # noqa: E402
 from kproxy.observers.contract import ConnectionInfo  # noqa: E402
 
 ZSTD = 4

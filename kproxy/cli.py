@@ -21,7 +21,7 @@ from collections import Counter
 
 from .observers.contract import CloseCause
 from .protocol import error_name
-from .protocol.connection import ResponseReceived
+from .protocol.events import ResponseReceived
 from .protocol.walk import error_codes
 
 # Exit statuses of every command: a usage, config or input error (argparse's own choice

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .protocol.connection import DEFAULT_MAX_FRAME_SIZE
+from .protocol.framer import DEFAULT_MAX_FRAME_SIZE
 from .settings_file import SettingsFileError, read_settings_file
 from .spelling import SUGGESTION_CUTOFF, did_you_mean
 from .telemetry_settings import TelemetryOffer, TelemetryOfferError

@@ -38,7 +38,8 @@ from .admin.admin import AdminServer, SharedRender, metrics_answer
 from .admin.live_web import LiveRoutes
 from .probes.probe_board import Board
 from .probes.probes import LoopHeartbeat, ProbeProcess, Readiness
-from .proxy.relay import Observer, worker_ids
+from .proxy.relay import Observer
+from .proxy.worker_identity import worker_ids
 from .proxy.server import Proxy
 
 log = logging.getLogger("kproxy")

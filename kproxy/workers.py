@@ -115,16 +115,24 @@ def worker_config(config: Config, index: int, token: str) -> Config:
                                capture=capture)
 
 
+def become_worker(index: int, workers: int) -> None:
+    """This process is worker ``index`` of ``workers``: ids apart from the other workers'
+    (``worker_identity``), and a 1/workers share of the buffer budget."""
+    from .proxy import worker_identity
+    from .proxy.memory import share_budget
+    worker_identity.run_as_worker(index, workers)
+    share_budget(workers)
+
+
 def _worker_main(config: Config, index: int, pipe, probe_board: Board | None) -> None:
     """A worker process's body (spawned): a whole kproxy that tells the supervisor when it
     serves, posting to slot ``index`` of ``probe_board`` (when the supervisor runs probes)."""
     os.setpgrp()              # a terminal's Ctrl-C goes to the supervisor, which stops us in order
     logging.basicConfig(level=config.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s %(name)s [worker {index}] %(message)s")
-    from .proxy import relay
     from .allocator import tune_allocator
     from .runtime import Runtime
-    relay.run_as_worker(index, config.workers)
+    become_worker(index, config.workers)
     tune_allocator()
     runtime = Runtime(config, probe_slot=None if probe_board is None else (probe_board, index),
                       announce=False)                     # the supervisor logs the block

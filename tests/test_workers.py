@@ -10,7 +10,7 @@ from kproxy import config as config_module
 from kproxy.config import ConfigError
 from kproxy.observers.metrics import ExpositionMerger
 from kproxy.observers.capture import CaptureConfig
-from kproxy.workers import capture_settings, worker_config
+from kproxy.workers import become_worker, capture_settings, worker_config
 
 
 def exposition(requests: float, bucket_low: float, bucket_all: float, latency_sum: float,
@@ -150,14 +150,16 @@ def test_workers_from_the_environment():
 
 
 def test_a_worker_gets_its_share_of_the_buffer_budget_and_connection_ids_apart(monkeypatch):
-    from kproxy.proxy import memory, relay
-    monkeypatch.setattr(relay, "_ids", relay._ids)                # restored after the test
-    monkeypatch.setattr(relay, "_worker_processes", 1)
+    from kproxy.proxy import memory, worker_identity
+    for name in ("connection_ids", "_worker_processes", "_worker_index"):   # restored after the test
+        monkeypatch.setattr(worker_identity, name, getattr(worker_identity, name))
     monkeypatch.setattr(memory, "_budget_shares", 1)
     monkeypatch.setattr(memory, "CONTAINER_MEMORY_LIMIT_FILES", ())
-    relay.run_as_worker(1, 4)
+    become_worker(1, 4)
     assert memory.buffer_budget_limit() == memory.DEFAULT_BUFFER_BUDGET // 4
-    assert [next(relay._ids) for _ in range(3)] == [2, 6, 10]     # worker 1 of 4: never 1, 3, 4, 5 ...
+    ids = worker_identity.connection_ids
+    assert [next(ids) for _ in range(3)] == [2, 6, 10]            # worker 1 of 4: never 1, 3, 4, 5 ...
+    assert worker_identity.id_owner(10, 4) == 1
 
 
 # A worker's body (``_serve``) with a real Runtime in a fresh interpreter: the pipe reports

@@ -59,8 +59,8 @@ if str(ROOT) not in sys.path:
 from kproxy.embedded import recv_exactly  # noqa: E402
 from kproxy.embedded._support import free_port  # noqa: E402
 from kproxy.protocol._codec import write_uvarint  # noqa: E402
-from kproxy.protocol.connection import (MalformedFrame, RequestReceived,  # noqa: E402
-                                        ResponseReceived, SaslTokenPassed)
+from kproxy.protocol.events import (MalformedFrame, RequestReceived,  # noqa: E402
+                                    ResponseReceived, SaslTokenPassed)
 
 OUT_DIR = ROOT / "tests" / "data" / "golden"
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")

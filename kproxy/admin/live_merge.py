@@ -19,7 +19,7 @@ admin listener; the supervisor's page is made from theirs:
 - ``/live/overview``: the workers' overviews merged (``merge_overviews``), with a
   notice naming any worker not in it.
 - ``/live/pairs/<id>``, ``/live/connections/<id>/pcapng``: asked of the worker that
-  handed out the id (``relay.id_owner``). Rows carry that worker's pid and the page
+  handed out the id (``worker_identity.id_owner``). Rows carry that worker's pid and the page
   sends it back, so a pair clicked after its worker restarted is refused rather
   than confused with the new process's pair of the same id.
 """
@@ -38,7 +38,7 @@ from aiohttp import web
 
 from ..observers.live import MAX_VIEWERS, RowBacklog, ViewerFilter, merge_overviews
 from .live_web import PageRoutes, json_answer, send_stream, stream_filter
-from ..proxy.relay import id_owner
+from ..proxy.worker_identity import id_owner
 
 if TYPE_CHECKING:
     from .worker_admin import WorkerAdmin, WorkerView

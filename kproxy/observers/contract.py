@@ -1,7 +1,7 @@
 """The observer contract: what the proxy tells its observers, as types.
 
 An observer is a callable ``observer(info, events)``, given each connection's codec
-events (``protocol.connection``) after their bytes were forwarded; ``info`` is the
+events (``protocol.events``) after their bytes were forwarded; ``info`` is the
 connection's ``ConnectionInfo``. It may also define any of the ``Hook`` methods
 (lifecycle), ``needs_bodies()`` (keep large frames whole for it now),
 ``takes_events = False`` (hooks only) and ``interest`` (an ``Interest``: the APIs whose
@@ -22,8 +22,9 @@ import enum
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..protocol.connection import (WRONG_PROTOCOLS, Event, FrameTooLarge, ProtocolViolation, UnpairedResponse,
-                                   UntrackableRequest, WrongProtocol)
+from ..protocol.errors import FrameTooLarge, ProtocolViolation, UnpairedResponse, UntrackableRequest
+from ..protocol.events import Event
+from ..protocol.sniff import WRONG_PROTOCOLS, WrongProtocol
 
 HostPort = tuple[str, int]
 

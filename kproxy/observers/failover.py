@@ -23,7 +23,7 @@ from collections import deque
 from typing import Callable
 
 from ..protocol.client_software import software_named
-from ..protocol.connection import ResponseReceived
+from ..protocol.events import ResponseReceived
 from ..protocol.failover import (FETCH_KEY, METADATA_KEY, PRODUCE_KEY, ClientKey, Failover,
                                  FailoverTracker, LeaderBook, any_error, partition_answers)
 from ..protocol.api_keys import ApiKey

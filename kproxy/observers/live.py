@@ -48,7 +48,7 @@ from collections import OrderedDict, deque
 from typing import Any, Callable, Iterator, Mapping
 
 from ..protocol.client_software import ClientSoftware, software_named
-from ..protocol.connection import RequestReceived, ResponseReceived
+from ..protocol.events import RequestReceived, ResponseReceived
 from ..protocol.api_keys import ApiKey
 from .contract import CloseCause, Interest
 from .capture.filters import CaptureFilter, header_client_id

@@ -37,7 +37,7 @@ from prometheus_client.utils import floatToGoString
 
 from .. import __version__
 from ..protocol import API_KEYS, SCHEMA_SOURCES, OpaqueBody, api_name, error_name, is_removed, schema
-from ..protocol.connection import MalformedFrame, RequestReceived, ResponseReceived, SaslTokenPassed
+from ..protocol.events import MalformedFrame, RequestReceived, ResponseReceived, SaslTokenPassed
 from ..protocol.client_software import software_named
 from ..protocol.pair_fields import PAIR_FIELDS, pair_fields
 from ..protocol.records import CODEC_NAMES, count_batches

@@ -28,7 +28,7 @@ from ..protocol import DecodeError
 from ..protocol.client_software import ClientSoftware, software_named
 from ..protocol.client_telemetry import (GET_TELEMETRY_SUBSCRIPTIONS_KEY, PUSH_TELEMETRY_KEY,
                                          ClientMetric, LatencySplit, client_latencies, decode_push)
-from ..protocol.connection import RequestReceived, ResponseReceived
+from ..protocol.events import RequestReceived, ResponseReceived
 from ..protocol.api_keys import SASL_KEYS as _SASL_KEYS, ApiKey
 from ..protocol.sasl import SaslPrincipal
 from .capture.filters import header_client_id

@@ -14,6 +14,8 @@ it runs wherever the capture files are, on a laptop or a cluster.
   pays (small Parquet captures in memory, JSONL on disk).
 - ``job``: runs them all, writes ``tables/<name>/`` Parquet and ``summary.json``;
   ``report``: ``report.html`` (self-contained, plots embedded) and ``plots/*.png``.
+- ``load``: ``load_capture``, the entry that reads the source its paths name
+  (capture files, a topic, a bucket).
 - ``kafka_source`` / ``s3_source``: shipped rows in a topic, uploaded files in a bucket
   (``kafka_jars`` / ``s3_jars``: their jars, fetched by Maven into kproxy's cache).
 - ``follow``: the Structured Streaming variant over a directory being written.
@@ -21,7 +23,7 @@ it runs wherever the capture files are, on a laptop or a cluster.
 """
 
 _EXPORTS = {"TABLE_NAMES": "job", "Options": "job", "Result": "job", "analyze": "job",
-            "InputError": "source", "load_capture": "source", "resolve_inputs": "source"}
+            "InputError": "source", "load_capture": "load", "resolve_inputs": "source"}
 
 
 def __getattr__(name):

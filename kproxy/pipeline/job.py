@@ -32,7 +32,8 @@ from . import tables as T
 from .tables import REPORT_ROWS, WORST_P99_MIN_REQUESTS
 from .jvm import QUICK_JIT_MAX_PAIRS
 from .scan import shared_scan
-from .source import Inputs, InputError, load_capture
+from .load import load_capture
+from .source import Inputs, InputError
 
 if TYPE_CHECKING:
     from ..policy import Policy

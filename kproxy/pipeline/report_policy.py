@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from .report import Col, _Data, _esc, _int, _list, _sorted, _when
+from typing import TYPE_CHECKING
+
+from .report_cells import Col, _esc, _int, _list, _sorted, _when
+
+if TYPE_CHECKING:                   # the report calls this section, handing it its data
+    from .report import _Data
 
 TABLE = "policy_violations"
 

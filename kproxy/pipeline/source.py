@@ -4,8 +4,9 @@
 globs, Hadoop URIs) into a list of capture files of one format, refusing with
 a one-line ``InputError`` what cannot be a capture: a missing path, a pcapng
 file, a Parquet file of another schema or a newer capture version.
-``load_capture`` reads them with the newest capture schema, so v1 files get
-null v2 columns, and adds the derived columns every question shares.
+``read_capture`` reads them with the newest capture schema, so v1 files get
+null v2 columns, and adds the derived columns every question shares (``prepare``); ``load.load_capture``
+is the entry that also reads a Kafka topic or an S3 bucket.
 
 The Spark schema is derived from the capture writer's own Arrow schema
 (``observers.capture.parquet.SCHEMA``): one definition of the columns.
@@ -269,20 +270,3 @@ def prepare(df, since: dt.datetime | None = None, until: dt.datetime | None = No
             .withColumn("end_time", F.timestamp_micros(
                 F.unix_micros("time") + F.coalesce(F.col("latency_ms") * 1000.0, F.lit(0.0)).cast("long")))
             .withColumn("conn_key", F.struct("proxy_instance", "connection_start", "connection_id")))
-
-
-def load_capture(spark, paths: list[str], fmt: str = "auto", since: dt.datetime | None = None,
-                 until: dt.datetime | None = None):
-    """Resolve, check and read capture files (or a ``kafka://`` topic, or ``s3a://`` objects):
-    (Inputs, prepared DataFrame)."""
-    from .topic_ids import resolve_topic_ids
-    if any(path.startswith("kafka://") for path in paths):
-        from . import kafka_source
-        inputs, raw = kafka_source.read(spark, paths)
-        return inputs, prepare(raw, since, until)
-    from . import s3_source
-    if any(s3_source.is_s3(path) for path in paths):
-        inputs = s3_source.resolve(spark, paths, fmt, since)    # listed through Spark's S3A
-    else:
-        inputs = resolve_inputs(paths, fmt, since)
-    return inputs, prepare(resolve_topic_ids(read_capture(spark, inputs)), since, until)

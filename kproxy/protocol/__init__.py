@@ -18,7 +18,8 @@ forwards bytes out; this package only interprets them.
 - ``pair_fields`` names, per API, the fields holding a group, member,
   generation or client software (shared by capture and metrics).
 - ``records`` decodes record batches on demand; ``connection`` pairs requests
-  and responses on a byte stream.
+  and responses on a byte stream, from ``framer``'s frames into ``events``,
+  predicting the broker with ``readers``; ``sniff`` names a peer speaking TLS or HTTP.
 """
 
 from ._codec import Struct, Uuid

@@ -10,7 +10,7 @@ trail for APIs it does not record).
 from __future__ import annotations
 
 from ..observers.contract import Interest, Observer
-from ..protocol.connection import RequestReceived, ResponseReceived
+from ..protocol.events import RequestReceived, ResponseReceived
 
 # Routes kept per listener: Kafka defines under 100 API keys; a client may send any of
 # 65,536, whose routes are then found again each time rather than kept without bound.

@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from ..protocol.connection import RequestReceived
+from ..protocol.events import RequestReceived
 
 # A frame's size prefix and API key: what must be in to know whether kproxy may answer it.
 HEAD_BYTES = 6

@@ -169,7 +169,7 @@ class ReadArena:
 
 
 # Worker processes sharing the machine (``kproxy run --workers``) share the budget too;
-# set by ``share_budget`` (``relay.run_as_worker``).
+# set by ``share_budget`` (``workers.become_worker``).
 _budget_shares = 1
 
 

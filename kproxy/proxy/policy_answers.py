@@ -18,7 +18,7 @@ from ..policy import Policy, Subject, refusal_answer
 from ..policy.answers import NEVER_REFUSED
 from ..protocol.api_keys import ApiKey
 from ..protocol.client_software import FIRST_NAMING_VERSION
-from ..protocol.connection import RequestReceived
+from ..protocol.events import RequestReceived
 from ..protocol.pair_fields import pair_fields
 
 _API_VERSIONS = int(ApiKey.API_VERSIONS)   # a plain int: compared per request

@@ -61,25 +61,27 @@ the first cause given (a ``CloseCause``: what is counted, what is logged);
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import ssl
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
-from ..protocol.connection import (DEFAULT_MAX_FRAME_SIZE, STREAM_FRAME_BYTES, Connection, Event,
-                                   PassedAnswerChanged, ProtocolViolation, ResponseReceived)
+from ..protocol.connection import STREAM_FRAME_BYTES, Connection
+from ..protocol.errors import PassedAnswerChanged, ProtocolViolation
+from ..protocol.events import Event, ResponseReceived
+from ..protocol.framer import DEFAULT_MAX_FRAME_SIZE
 from .local_requests import ClientSplit, LocalAnswers, LocalRequest
 from ..observers.contract import (BROKER_CLOSED, CANCELLED, CLIENT_CLOSED, CLIENT_DONE, UPSTREAM_UNREACHABLE,
                                   CloseCause, CloseKind, ConnectionInfo, Hook, HostPort, Observer)
 from .event_routes import EventRoutes
 from .log_budget import LogBudget
 from .fairness import FairShare, loop_fair_share
-from .memory import OVER_BUDGET_READ_BYTES, READ_CHUNK, BufferBudget, ReadArena, loop_buffer_budget, loop_read_arena, share_budget
+from .memory import OVER_BUDGET_READ_BYTES, READ_CHUNK, BufferBudget, ReadArena, loop_buffer_budget, loop_read_arena
 from .tls import certificate_subject
 from .unsent import UnsentAnswers
+from . import worker_identity
 
 log = logging.getLogger("kproxy.relay")
 
@@ -109,7 +111,6 @@ PIPELINED_READ_BYTES = 8 * 1024
 # activity). Generous: a 100 MiB frame at 1 MB/s fits; clients time out requests after
 # 30 s by default anyway.
 REQUEST_DEADLINE_S = 120.0
-_ids = itertools.count(1)
 
 
 UNREACHABLE_LOG_INTERVAL_S = 60.0
@@ -331,32 +332,6 @@ class Endpoint(asyncio.BufferedProtocol):
                 self, self.transport.get_extra_info("ssl_object") is None):
             self.close()
         self.resume("connecting")
-
-
-# Worker processes sharing the machine (``kproxy run --workers``); set by ``run_as_worker``.
-_worker_processes = 1
-_worker_index = 0
-
-
-def run_as_worker(index: int, workers: int) -> None:
-    """This process is worker ``index`` of ``workers`` behind the same ports: its connection
-    ids come from ``worker_ids()`` (unique across the workers, so captures merged from all
-    of them keep connections apart) and its buffer budget is a 1/workers share."""
-    global _ids, _worker_processes, _worker_index
-    _worker_processes, _worker_index = workers, index
-    _ids = worker_ids()
-    share_budget(workers)
-
-
-def worker_ids() -> Iterator[int]:
-    """Ids this process hands out (connections, the live page's pairs): 1, 2, 3, ... alone;
-    index+1, index+1+workers, ... as worker ``index``, so ``id_owner`` finds the worker."""
-    return itertools.count(_worker_index + 1, _worker_processes)
-
-
-def id_owner(some_id: int, workers: int) -> int:
-    """The index of the worker that handed out ``some_id`` (see ``worker_ids``)."""
-    return (some_id - 1) % workers
 
 
 @dataclass(eq=False)
@@ -794,7 +769,8 @@ async def run_relay(relay: Relay, policy: RelayPolicy, client: Endpoint) -> None
         client.close()
         broker.close()
         return
-    relay.info = ConnectionInfo(next(_ids), peer, policy.name, upstream, policy.node_id, relay.opened,
+    relay.info = ConnectionInfo(next(worker_identity.connection_ids), peer, policy.name, upstream,
+                                policy.node_id, relay.opened,
                                 certificate_subject(client.get_extra_info("peercert")), via)
     relay.budget = budget = loop_buffer_budget()
     relay.share = loop_fair_share()

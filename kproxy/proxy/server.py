@@ -1,5 +1,9 @@
-"""The proxy: listeners, the rewrite policy, limits and shutdown; which nodes are served
-at which addresses is the broker directory's (``directory.py``, pure), which it asks.
+"""The proxy: what its listeners do with a connection, limits and shutdown. It composes
+the parts that hold the rest: which nodes are served at which addresses is the broker
+directory's (``directory.py``, pure); the listening sockets (binding, bind retries,
+per-node listeners, the open-file plan) are ``listeners.py``'s; the routes of TLS
+connections by server name ``sni_routing.py``'s; what held answers become (rewritten
+addresses, capped ApiVersions) ``answer_rewriting.py``'s.
 
 Two deployment modes share one mechanism, the address mapper that every
 address-bearing response goes through:
@@ -50,59 +54,35 @@ import asyncio
 import functools
 import itertools
 import logging
-import os
-import resource
 import socket
 import ssl
 import time
-from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..config import Config
-from ..protocol import DecodeError, decode_response, encode_response
 from ..observers.contract import SHUTTING_DOWN, CloseCause, CloseKind, Hook
-from ..protocol.api_keys import ApiKey
-from ..protocol.connection import RequestReceived, ResponseReceived
+from ..protocol.events import RequestReceived, ResponseReceived
 from ..protocol.tls_failures import HANDSHAKE_FAILURES, SNI_CALLBACK_REFUSAL
 from .log_budget import LogBudget
 from .own_requests import READINESS_TIMEOUT_S, OwnRequests
 from .topic_names import TopicNameLookup
 from .proxy_protocol import HeaderGate, serve_proxied
 from .policy_answers import PolicyAnswers
-from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, RewriteFailed, notify_hook, run_relay,
+from .relay import (unreachable_log_budget, HostPort, Observer, Relay, RelayPolicy, notify_hook, run_relay,
                     serve_relays)
 from . import telemetry_offer
-from .rewrite import (ENDPOINTS_ONLY_KEYS, cap_api_versions, carries_addresses, node_addresses,
-                      rewrite_addresses, withhold_nodes)
-from ..certs.sni import BOOTSTRAP
 from .directory import BrokerDirectory, NameCheck, Refusal
+from .answer_rewriting import AnswerRewriter
+from .listeners import LISTEN_BACKLOG, Listeners
+from .sni_routing import SniRouting
 from . import undecodable_sni
 from .tls import client_context, server_context
 
 log = logging.getLogger("kproxy.server")
 
-CORRELATION_ID_BYTES = 4          # a response frame's first field (ApiVersions' header is always v0)
-CONTROLLER_ENDPOINT_TYPE = 2      # DescribeCluster's EndpointType for "list the controllers"
-# Responses whose addresses are KRaft controller (quorum) listeners, not brokers': Vote,
-# BeginQuorumEpoch, EndQuorumEpoch, DescribeQuorum, FetchSnapshot, UpdateRaftVoter. In
-# combined mode a controller shares its node id with a broker, so learning from them would
-# re-point that broker's listener at the controller port. They are rewritten, not learnt.
-CONTROLLER_ADDRESS_KEYS = frozenset({ApiKey.VOTE, ApiKey.BEGIN_QUORUM_EPOCH, ApiKey.END_QUORUM_EPOCH,
-                                     ApiKey.DESCRIBE_QUORUM, ApiKey.FETCH_SNAPSHOT, ApiKey.UPDATE_RAFT_VOTER})
-LISTEN_BACKLOG = 1024             # accept queue per listener; clients burst on rebalances
 IDLE_CHECK_INTERVAL_S = 5.0       # how often idle connections are looked for
 SHUTDOWN_POLL_S = 0.05            # how often shutdown checks for in-flight requests
 CLOSE_GRACE_S = 2.0               # closed sockets' handlers finish in milliseconds; this is slack
-# (API, version) pairs whose hold decision is remembered: a client may send any of 2^32,
-# so the table is bounded; the pairs in use are a few dozen.
-HOLD_ANSWERS_CACHED = 4096
-# Capped ApiVersions answers remembered, by request version and bytes after the correlation
-# id: a broker gives every client the same answer, and decoding its ~80 entries and
-# encoding them again took ~1.3 ms of the event loop each (10 clients pipelining
-# ApiVersions without reading made every other client wait seconds). A broker per
-# version per distinct answer: a few dozen at most in a cluster; bounded all the same.
-API_VERSIONS_ANSWERS_CACHED = 256
-_UNCACHED = object()
 # Decode failures are logged once per (direction, api, version) kind per interval, and at
 # most this many kinds per interval: a client sending random api keys can neither flood the
 # log nor, by using up a budget, silence it for good. What is not logged is counted in the
@@ -114,48 +94,11 @@ DECODE_LOG_KINDS_PER_INTERVAL = 10
 # INFO line, and kproxy_connections_closed_total{reason} counts them all.
 MISCONFIGURATION_LOG_INTERVAL_S = 60.0
 MISCONFIGURATION_LOG_KINDS_PER_INTERVAL = 20
-# A broker listener that cannot be bound is tried again after this, doubling each time up
-# to the cap: a port freed by another process is picked up within BIND_RETRY_MAX_S, and
-# one bind attempt per node every few seconds costs nothing.
-BIND_RETRY_FIRST_S = 0.25
-BIND_RETRY_MAX_S = 5.0
-# Refused server names (SNI routing) are logged like decode failures: each name once per
-# interval, at most this many names per interval (a scanner trying names cannot flood the
-# log); kproxy_sni_refused_total counts every refusal.
-SNI_LOG_INTERVAL_S = 60.0
-SNI_LOG_NAMES_PER_INTERVAL = 5
-ROUTE_ATTRIBUTE = "kproxy_route"  # set on each handshake's SSLObject: BOOTSTRAP or a node id
 # Connections refused for a limit (max_connections, open files) come in bursts: each limit
 # is logged once a minute with how many were not; all are counted in
 # kproxy_connections_closed_total{reason}.
 REFUSAL_LOG_INTERVAL_S = 60.0
 REFUSAL_LOG_KINDS_PER_INTERVAL = 2
-# Open files: kproxy raises its soft limit up to the hard one (at most this: a million is
-# more connections than one event loop serves), keeps FD_HEADROOM descriptors for what
-# else opens files later (broker listeners, capture files, admin connections, TLS), and
-# counts two per proxied connection (the client's socket and the broker's).
-MAX_OPEN_FILES = 1 << 20
-FD_HEADROOM = 64
-FDS_PER_CONNECTION = 2
-
-
-@dataclass(eq=False)
-class UnboundListener:
-    """A broker listener kproxy wants open but cannot bind (yet); its node is withheld."""
-    node_id: int
-    address: HostPort
-    error: OSError
-    since: float = field(default_factory=time.monotonic)
-    failures: int = 0
-    causes_logged: set = field(default_factory=set)     # errnos already logged for this episode
-    retry: asyncio.Task | None = None
-
-    def reason(self) -> str:
-        host, port = self.address
-        return (f"broker-{self.node_id}: cannot listen on {host}:{port}: "
-                f"{self.error.strerror or self.error} ({self.failures} attempts in "
-                f"{time.monotonic() - self.since:.0f}s; node {self.node_id} is left out of "
-                f"what clients are told until it can)")
 
 
 class Proxy:
@@ -172,42 +115,22 @@ class Proxy:
                                 if config.telemetry_offer.enabled else None)
         if self.telemetry_offer is not None:
             self.observers.insert(0, self.telemetry_offer)
-        # Asked for every answer. Clients use a few (API, version) pairs, but may send any.
-        self.hold = functools.lru_cache(HOLD_ANSWERS_CACHED)(self._holds)
-        # (version, answer after its correlation id) -> its rewritten rest, or None: unchanged
-        self._api_versions_answers: dict[tuple[int, bytes], bytes | None] = {}
         self.relays: set[Relay] = set()
-        # Which nodes are served and at which addresses (pure); asks for listeners here.
-        self.directory = BrokerDirectory(config, self._ensure_broker_listener)
+        # Which nodes are served and at which addresses (pure); asks the listeners for a node's.
+        self.directory = BrokerDirectory(config)
         self.advertise = self.directory.advertise                  # the address mappers
         self.advertise_controller = self.directory.advertise_controller
         self.port_for = self.directory.port_for
         self.broker_addresses = self.directory.broker_addresses
-        self.listeners: dict[str, asyncio.Server] = {}     # "bootstrap" / "broker-<id>"
-        self.unbound: dict[int, UnboundListener] = {}      # node id -> listener that cannot bind
+        self.listening = Listeners(config, self.directory, self.observers, self._open_server, self._policy)
+        self.directory.open_listener = self.listening.ensure_broker_listener
+        # What held answers become: addresses rewritten, ApiVersions capped (answer_rewriting.py).
+        self.rewriter = AnswerRewriter(config, self.directory, self.telemetry_offer, self._brokers_listed)
+        self.hold, self.transform = self.rewriter.hold, self.rewriter.transform
         self._bootstrap_cycle = itertools.cycle(range(len(config.upstreams)))
         self.sni_names = config.sni_names                  # None unless routing = "sni"
-        self._sni_log = LogBudget(SNI_LOG_INTERVAL_S, SNI_LOG_NAMES_PER_INTERVAL)
-        self._sni_policies: dict[object, RelayPolicy] = {}  # BOOTSTRAP / node id -> policy
         self._tls_log = LogBudget(MISCONFIGURATION_LOG_INTERVAL_S, MISCONFIGURATION_LOG_KINDS_PER_INTERVAL)
-        # TLS contexts, rebuilt when their files change (tls_reload): listeners keep
-        # _server_ssl for good, and its SNI callback moves each handshake to the newest.
-        self._server_ssl: ssl.SSLContext | None = None
-        self.server_tls = self.client_tls = None
-        if config.tls_server is not None or config.tls_client is not None:
-            from .tls_reload import ReloadingContext     # cryptography: only with TLS (~16 MB)
-        if config.tls_server is not None:
-            self.server_tls = ReloadingContext("server", "tls_server", config.tls_server,
-                                               self._new_server_context, self.observers)
-            self._server_ssl = self.server_tls.current
-            if self.sni_names is not None:
-                self.directory.certificate_names = self.server_tls.material.dns_names()
-                self.server_tls.on_change(
-                    lambda material: self.directory.certificate_changed(material.dns_names()))
-        if config.tls_client is not None:
-            self.client_tls = ReloadingContext("client", "tls_client", config.tls_client,
-                                               functools.partial(client_context, config.tls_client),
-                                               self.observers)
+        self._load_tls()
         self._tls_watches: list[asyncio.Task] = []
         # PROXY protocol (off: None, and listeners accept straight into the relay).
         self._header_gate = HeaderGate(
@@ -215,17 +138,16 @@ class Proxy:
             lambda: self._server_ssl, self._connection_limit) if config.proxy_protocol_versions else None
         # Discovery (SNI) and readiness: requests of kproxy's own to the upstreams.
         self.own_requests = OwnRequests(config, self._bootstrap_candidates, self._upstream_ssl)
+        # Which node a TLS connection goes to by its server name (inert unless routing = "sni").
+        self.sni = SniRouting(config, self.directory, self.own_requests, self.observers, self._policy)
         # Names for topic ids no relayed answer named (sidecars: Fetch v13+ before any Metadata).
         self.topic_names = TopicNameLookup(self.own_requests, self.observers) if config.topic_id_lookup else None
         if self.topic_names is not None:
             self.observers.append(self.topic_names)
         self._reaper: asyncio.Task | None = None
-        self._opening: set[str] = set()
         self._decode_log = LogBudget(DECODE_LOG_INTERVAL_S, DECODE_LOG_KINDS_PER_INTERVAL)
         self._unreachable_log = unreachable_log_budget()    # one for all listeners
         self._refusal_log = LogBudget(REFUSAL_LOG_INTERVAL_S, REFUSAL_LOG_KINDS_PER_INTERVAL)
-        self._fd_limit: int | None = None            # the soft open-file limit, once planned
-        self._fd_connections: int | None = None      # proxied connections it leaves room for
         self.rejected_connections = 0
         self._closed_traffic = {"from_client": 0, "to_broker": 0, "from_broker": 0, "to_client": 0}
         self.started = False
@@ -248,6 +170,27 @@ class Proxy:
 
     # ------------------------------------------------------------ TLS
 
+    def _load_tls(self) -> None:
+        """TLS contexts, rebuilt when their files change (tls_reload): listeners keep
+        _server_ssl for good, and its SNI callback moves each handshake to the newest."""
+        config = self.config
+        self._server_ssl: ssl.SSLContext | None = None
+        self.server_tls = self.client_tls = None
+        if config.tls_server is not None or config.tls_client is not None:
+            from .tls_reload import ReloadingContext     # cryptography: only with TLS (~16 MB)
+        if config.tls_server is not None:
+            self.server_tls = ReloadingContext("server", "tls_server", config.tls_server,
+                                               self._new_server_context, self.observers)
+            self._server_ssl = self.server_tls.current
+            if self.sni_names is not None:
+                self.directory.certificate_names = self.server_tls.material.dns_names()
+                self.server_tls.on_change(
+                    lambda material: self.directory.certificate_changed(material.dns_names()))
+        if config.tls_client is not None:
+            self.client_tls = ReloadingContext("client", "tls_client", config.tls_client,
+                                               functools.partial(client_context, config.tls_client),
+                                               self.observers)
+
     def _new_server_context(self, material) -> ssl.SSLContext:
         """The listeners' context the first time (every handshake starts in it, and its
         callbacks watch them all); a plain one for each reload, which handshakes move to."""
@@ -260,7 +203,7 @@ class Proxy:
         """Every client handshake, before kproxy's certificate is chosen: SNI routing's
         check, then the newest certificate (a reload) for this handshake."""
         if self.sni_names is not None:
-            refusal = self._on_server_name(ssl_object, server_name, context)
+            refusal = self.sni.on_server_name(ssl_object, server_name, context)
             if refusal is not None:
                 return refusal
         newest = self.server_tls.current
@@ -282,27 +225,7 @@ class Proxy:
         for tls in sides:
             self._tls_watches.append(loop.create_task(tls.reload(why)))
 
-    # ------------------------------------------------------------ SNI routing
-
-    def _on_server_name(self, ssl_object, server_name: str | None, _context) -> int | None:
-        """The handshake's SNI callback: note the route on the connection, or refuse it."""
-        check = self.directory.check_server_name(server_name)
-        if check.refusal is None and self._unserved(check.route) and not self.own_requests.would_learn():
-            # Asking the cluster again now would be skipped (asked within the interval): the
-            # handshake could only end in the refusal the handler would give after it.
-            check = self.directory.unserved_refusal(server_name, check.route)
-        if check.refusal is not None:
-            self._refuse_name(server_name, check)
-            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
-        setattr(ssl_object, ROUTE_ATTRIBUTE, check.route)
-        return None
-
-    def _unserved(self, route) -> bool:
-        """Whether a gateway's SNI route names a node kproxy does not serve (now)."""
-        return self.directory.unserved(route)
-
-    def _refuse_unserved(self, server_name: str | None, node_id: int) -> None:
-        self._refuse_name(server_name, self.directory.unserved_refusal(server_name, node_id))
+    # ------------------------------------------------------------ SNI routing (sni_routing.py)
 
     def _undecodable_server_name(self, raw: bytes) -> None:
         """A ClientHello's server name that is not ASCII (Python's ssl failed the handshake
@@ -310,37 +233,8 @@ class Proxy:
         if self.sni_names is None:
             self._tls_handshake_failed("other", "server name not ASCII")
             return
-        self._refuse_name(raw, NameCheck(None, Refusal.UNKNOWN_NAME,
-                                         f"server name {raw!r} is not ASCII, so no name kproxy serves"))
-
-    def _refuse_name(self, server_name: str | bytes | None, check: NameCheck) -> None:
-        """Count and log (within a budget) a server name SNI routing refuses."""
-        notify_hook(self.observers, Hook.SNI_REFUSED, check.refusal.value)
-        said = check.said
-        unlogged = self._sni_log.admit(server_name)
-        if unlogged is not None:
-            log.warning("refusing a TLS connection: %s (the same again within %gs is not logged%s; "
-                        "see kproxy_sni_refused_total)", said, SNI_LOG_INTERVAL_S,
-                        f"; {unlogged} earlier refusals were not logged" if unlogged else "")
-
-    def _route_of(self, client) -> object:
-        """The SNI route the handshake noted (BOOTSTRAP or a node id); None if none."""
-        return getattr(client.get_extra_info("ssl_object"), ROUTE_ATTRIBUTE, None)
-
-    def _routed(self, policy: RelayPolicy, client) -> RelayPolicy | None:
-        """The policy for one accepted connection: the listener's, or (SNI gateway) the
-        one its server name picked. None if it has no route (never expected) or names a
-        node kproxy does not serve: a policy (and a ``listener`` label) per node served only."""
-        if self.sni_names is None or self.config.mode == "sidecar":
-            return policy
-        route = self._route_of(client)
-        if route is None or self._unserved(route):
-            return None
-        if route == BOOTSTRAP:
-            return policy
-        if route not in self._sni_policies:
-            self._sni_policies[route] = self._policy(f"broker-{route}", route)
-        return self._sni_policies[route]
+        self.sni.refuse_name(raw, NameCheck(None, Refusal.UNKNOWN_NAME,
+                                            f"server name {raw!r} is not ASCII, so no name kproxy serves"))
 
     async def upstream_ready(self) -> tuple[bool, str]:
         """Whether a broker answers an ApiVersions round trip (for /readyz; cached, shared).
@@ -364,89 +258,6 @@ class Proxy:
             await asyncio.wait_for(self.own_requests.learn_brokers(self.advertise), READINESS_TIMEOUT_S)
         except asyncio.TimeoutError:
             pass                # the readiness answer says why the cluster does not answer
-
-    # ------------------------------------------------------------ rewriting
-
-    def _holds(self, api_key: int, api_version: int) -> bool:
-        """Whether answers to this (API, version) are held for ``transform`` (``hold``, cached)."""
-        return carries_addresses(api_key, api_version) or (
-            api_key == ApiKey.API_VERSIONS and (self.config.cap_api_versions or self.telemetry_offer is not None))
-
-    def transform(self, event: ResponseReceived) -> bytes | None:
-        """Rewrite addresses (and cap ApiVersions) in a held response; None keeps it as is."""
-        api_key, version = event.api_key, event.api_version
-        if api_key == ApiKey.API_VERSIONS and (self.config.cap_api_versions or self.telemetry_offer is not None):
-            return self._capped_api_versions(event)
-        return self._rewritten(event)
-
-    def _capped_api_versions(self, event: ResponseReceived) -> bytes | None:
-        """``transform`` for ApiVersions: the same answer is capped once, then remembered.
-
-        Capped in a decode of its own: observers see every copy as the broker sent it
-        (``event.frame``), the first one included."""
-        frame = event.frame
-        version = event.api_version
-        offer = self.telemetry_offer
-        # With the telemetry offer, whether 71/72 are added depends on the client too.
-        key = (version, bytes(frame[CORRELATION_ID_BYTES:]),
-               None if offer is None else telemetry_offer.denied(telemetry_offer.software_of(event.request_event)))
-        rest = self._api_versions_answers.get(key, _UNCACHED)
-        if rest is _UNCACHED:
-            rest = None
-            try:
-                response = decode_response(frame, ApiKey.API_VERSIONS, version)
-            except DecodeError:
-                response = None              # not capped, as a failed decode never was
-            changed = response is not None and self.config.cap_api_versions and cap_api_versions(response)
-            if response is not None and offer is not None:
-                changed = offer.add_to(event, response) or changed
-            if changed:
-                try:
-                    rest = bytes(encode_response(response, ApiKey.API_VERSIONS, version)[CORRELATION_ID_BYTES:])
-                except (ValueError, TypeError, OverflowError) as exc:
-                    raise RewriteFailed(f"re-encoding ApiVersions v{version}: {exc}") from None
-            if len(self._api_versions_answers) >= API_VERSIONS_ANSWERS_CACHED:
-                self._api_versions_answers.clear()
-            self._api_versions_answers[key] = rest
-        return None if rest is None else bytes(frame[:CORRELATION_ID_BYTES]) + rest
-
-    def _rewritten(self, event: ResponseReceived) -> bytes | None:
-        api_key, version = event.api_key, event.api_version
-        directory = self.directory
-        if api_key in ENDPOINTS_ONLY_KEYS and not directory.withheld:
-            # With every listener bound only the endpoints could change (withholding also
-            # touches partitions' leader hints): none, nothing to do, no whole decode. A Produce
-            # answer with a tally has no tagged fields, so no endpoints (``protocol.tally``).
-            if event.tally is not None:
-                return None
-            partial = event.partial
-            if partial is not None and not partial.is_opaque and not partial.body.node_endpoints:
-                return None
-        response = event.response
-        if response is None or response.is_opaque:
-            if carries_addresses(api_key, version):
-                raise RewriteFailed(f"{event.request_event.api_name} v{version}: "
-                                    f"{event.decode_error or 'unknown version'}")
-            return None
-        changed = False
-        if api_key == ApiKey.METADATA:
-            self._brokers_listed({n for n, _, _ in node_addresses(api_key, version, response.body)})
-        controllers = api_key in CONTROLLER_ADDRESS_KEYS or (
-            api_key == ApiKey.DESCRIBE_CLUSTER
-            and getattr(response.body, "endpoint_type", None) == CONTROLLER_ENDPOINT_TYPE)
-        mapper = directory.advertise_controller if controllers else directory.advertise
-        directory.begin_answer()
-        changed = rewrite_addresses(api_key, version, response, mapper) or changed
-        # Unbound listeners are brokers'; nodes the directory refused are either.
-        unserved = directory.left_out(controllers)
-        if unserved:
-            changed = withhold_nodes(api_key, version, response, unserved) or changed
-        if not changed:
-            return None
-        try:
-            return encode_response(response, api_key, version)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise RewriteFailed(f"re-encoding {event.request_event.api_name} v{version}: {exc}") from None
 
     # ------------------------------------------------------------ listeners
 
@@ -487,11 +298,11 @@ class Proxy:
 
     def _handler(self, listener_policy: RelayPolicy):
         async def handle(client):
-            route = self._route_of(client) if self.sni_names is not None else None
+            route = self.sni.route_of(client) if self.sni_names is not None else None
             # A node kproxy does not serve yet: the cluster is asked below; meanwhile the
             # connection counts (limits, shutdown) under the listener's name.
-            learning = self._unserved(route)
-            policy = listener_policy if learning else self._routed(listener_policy, client)
+            learning = self.sni.unserved(route)
+            policy = listener_policy if learning else self.sni.routed(listener_policy, client)
             if policy is None:
                 log.error("refusing a connection on %s: its TLS handshake chose no route",
                           listener_policy.name)
@@ -522,9 +333,9 @@ class Proxy:
                     except asyncio.CancelledError:      # shutdown: end normally, not cancelled
                         client.close()
                         return
-                    policy = self._routed(listener_policy, client)
+                    policy = self.sni.routed(listener_policy, client)
                     if policy is None:                  # still not a node kproxy serves
-                        self._refuse_unserved(self.sni_names.name_of(route), route)
+                        self.sni.refuse_unserved(self.sni_names.name_of(route), route)
                         client.close()
                         return
                 await run_relay(relay, policy, client)
@@ -537,115 +348,35 @@ class Proxy:
                 closed["to_client"] += relay.bytes_to_client
         return handle
 
-    async def _serve(self, name: str, policy: RelayPolicy, sock: socket.socket) -> None:
+    async def _open_server(self, policy: RelayPolicy, sock: socket.socket) -> asyncio.Server:
+        """A listener's bound socket served with ``policy``'s handler (``Listeners`` calls it)."""
         if self._header_gate is not None:       # the header first, then TLS (if any)
-            server = await serve_proxied(self._header_gate, policy.name, self._handler(policy), sock,
-                                         LISTEN_BACKLOG)
-        else:
-            server = await serve_relays(self._handler(policy), sock=sock,
-                                        ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
-        if self.stopping:            # bound by a retry as shutdown began: never serve it
-            server.close()
-            return
-        self.listeners[name] = server
+            return await serve_proxied(self._header_gate, policy.name, self._handler(policy), sock,
+                                       LISTEN_BACKLOG)
+        return await serve_relays(self._handler(policy), sock=sock,
+                                  ssl=self._server_ssl, backlog=LISTEN_BACKLOG)
 
-    def _bind(self, host: str, port: int) -> socket.socket:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if self.config.workers > 1:      # the kernel spreads connections among the workers
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
-            sock.listen(LISTEN_BACKLOG)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()                 # retried every few seconds: no descriptor may leak
-            raise
-        return sock
+    @property
+    def listeners(self) -> dict[str, asyncio.Server]:
+        """Listeners by name: "bootstrap" (or the sidecar's) and "broker-<id>"."""
+        return self.listening.servers
 
-    def _ensure_broker_listener(self, node_id: int) -> None:
-        """Open node's listener now (bound synchronously so the address works at once).
-
-        If it cannot be bound, a retry task owns it from then on: responses do not
-        re-try (or re-log) it, they only withhold the node.
-        """
-        name = f"broker-{node_id}"
-        if name in self.listeners or name in self._opening or node_id in self.unbound:
-            return
-        self._try_bind(node_id)
-
-    def _try_bind(self, node_id: int) -> bool:
-        name = f"broker-{node_id}"
-        address = (self.config.listen[0], self.port_for(node_id))
-        try:
-            sock = self._bind(*address)
-        except OSError as exc:
-            self._bind_failed(node_id, address, exc)
-            return False
-        port = sock.getsockname()[1]
-        self.directory.listener_bound(node_id, port)
-        self._opening.add(name)
-        task = asyncio.get_running_loop().create_task(
-            self._serve(name, self._policy(name, node_id), sock))
-        task.add_done_callback(lambda _t, name=name: self._opening.discard(name))
-        failed = self.unbound.pop(node_id, None)
-        if failed is None:
-            log.info("listening for node %d on %s:%d", node_id, address[0], port)
-        else:
-            log.info("listening for node %d on %s:%d after %d failed attempts in %.1fs; "
-                     "clients are told about it again", node_id, address[0], port,
-                     failed.failures, time.monotonic() - failed.since)
-        return True
-
-    def _bind_failed(self, node_id: int, address: HostPort, exc: OSError) -> None:
-        """Count every failure, log each cause once per episode, keep one retry task."""
-        notify_hook(self.observers, Hook.LISTENER_BIND_FAILED, f"broker-{node_id}", exc)
-        entry = self.unbound.get(node_id)
-        if entry is None:
-            entry = self.unbound[node_id] = UnboundListener(node_id, address, exc)
-            entry.retry = asyncio.get_running_loop().create_task(self._retry_bind(entry))
-            self.directory.listener_failed(node_id)
-        entry.address, entry.error = address, exc
-        entry.failures += 1
-        if exc.errno not in entry.causes_logged:
-            entry.causes_logged.add(exc.errno)
-            log.warning("cannot listen for node %d on %s:%d: %s; node %d is left out of what "
-                        "clients are told, and /readyz is 503, until it can (retrying every "
-                        "%gs at most)", node_id, *address, exc.strerror or exc, node_id,
-                        BIND_RETRY_MAX_S)
-
-    async def _retry_bind(self, entry: UnboundListener) -> None:
-        delay = BIND_RETRY_FIRST_S
-        while True:
-            await asyncio.sleep(delay)
-            if self.stopping or self.unbound.get(entry.node_id) is not entry:
-                return
-            if self._try_bind(entry.node_id):
-                return
-            delay = min(delay * 2, BIND_RETRY_MAX_S)
+    @property
+    def unbound(self) -> dict:
+        """node id -> its broker listener that cannot be bound (yet): ``UnboundListener``."""
+        return self.listening.unbound
 
     def unbound_reasons(self) -> list[str]:
         """One line per broker listener that cannot be bound now (for /readyz)."""
-        return [entry.reason() for entry in list(self.unbound.values())]
+        return self.listening.unbound_reasons()
 
     def _brokers_listed(self, present: set[int]) -> None:
         """A Metadata answer lists every broker: the directory stops serving the others, and
         (gateway) their listeners are closed."""
         for node_id in self.directory.brokers_listed(present):
-            self._sni_policies.pop(node_id, None)
-        if not present or self.config.mode != "gateway":
-            return
-        for name in [n for n in self.listeners if n.startswith("broker-")]:
-            node_id = int(name.split("-", 1)[1])
-            if node_id not in present:
-                log.info("node %d left the cluster; closing its listener", node_id)
-                self.listeners.pop(name).close()
-                self.directory.listener_closed(node_id)
-        for node_id in [n for n in self.unbound if n not in present]:
-            log.info("node %d left the cluster; no longer trying to listen for it", node_id)
-            self.unbound.pop(node_id).retry.cancel()
-            self.directory.listener_closed(node_id)
+            self.sni.forget(node_id)
+        if present and self.config.mode == "gateway":
+            self.listening.nodes_left(present)
 
     def traffic(self) -> dict[str, int]:
         """Cumulative bytes each way (closed connections plus live ones), for metrics."""
@@ -662,8 +393,7 @@ class Proxy:
 
     @property
     def bootstrap_address(self) -> HostPort:
-        sock = self.listeners["bootstrap"].sockets[0]
-        return sock.getsockname()[:2]
+        return self.listening.bootstrap_address
 
     # ------------------------------------------------------------ lifecycle
 
@@ -673,54 +403,23 @@ class Proxy:
         taken = len(self.relays) + (len(self._header_gate.pending) if self._header_gate is not None else 0)
         if taken >= self.config.max_connections:
             return CloseCause(CloseKind.MAX_CONNECTIONS, f"max_connections ({self.config.max_connections}) reached")
-        if self._fd_connections is not None and taken >= self._fd_connections:
+        fd_connections = self.listening.fd_connections
+        if fd_connections is not None and taken >= fd_connections:
             return CloseCause(CloseKind.FD_LIMIT, (
-                f"the open file limit ({self._fd_limit}) leaves room for {self._fd_connections} "
+                f"the open file limit ({self.listening.fd_limit}) leaves room for {fd_connections} "
                 f"proxied connections (two sockets each); raise it (ulimit -n, LimitNOFILE)"))
         return None
 
-    def _plan_file_descriptors(self) -> None:
-        """Raise the soft open-file limit to the hard one, and stop taking connections while
-        there are still descriptors left: at the limit the event loop drops new clients
-        without a word (uvloop accepts and closes them), which nobody could diagnose."""
-        try:
-            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            if hard == resource.RLIM_INFINITY or hard > soft:
-                wanted = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
-                if wanted > soft:
-                    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-                    soft = wanted
-            in_use = len(os.listdir("/proc/self/fd"))
-        except (OSError, ValueError):            # not Linux, or not allowed: keep max_connections
-            return
-        self._fd_limit = soft
-        self._fd_connections = max(0, (soft - in_use - FD_HEADROOM) // FDS_PER_CONNECTION)
-        if self._fd_connections < self.config.max_connections:
-            # A warning when the limit, not max_connections, is what will refuse clients first
-            # by far; a near miss (a hard limit of 20,000 against the default 10,000) is only
-            # a debug line: nothing an operator needs to act on.
-            level = logging.WARNING if self._fd_connections < self.config.max_connections // 2 \
-                else logging.DEBUG
-            log.log(level, "the open file limit (%d, %d in use) allows %d proxied connections, fewer "
-                    "than max_connections (%d); raise it (ulimit -n, LimitNOFILE)", soft, in_use,
-                    self._fd_connections, self.config.max_connections)
-
     async def start(self) -> None:
         c = self.config
-        self._plan_file_descriptors()
+        self.listening.plan_file_descriptors()
         if c.mode == "sidecar":
             local = c.upstreams[0]              # the sidecar's one listener reaches its own broker
             policy = self._policy("sidecar", None)
             policy.upstreams = lambda: [local]
         else:
             policy = self._policy("bootstrap", None)
-        try:
-            sock = self._bind(*c.listen)
-        except OSError as exc:      # nothing is served yet: fail at start, naming the address
-            raise OSError(f"listen {c.listen[0]}:{c.listen[1]}: "
-                          f"{exc.strerror or exc}") from None
-        self.directory.listen_port = sock.getsockname()[1]
-        await self._serve("bootstrap", policy, sock)
+        await self.listening.open_bootstrap(policy)
         self._reaper = asyncio.get_running_loop().create_task(self._reap_idle())
         if self.server_tls is not None:
             undecodable_sni.watch(asyncio.get_running_loop(), self._undecodable_server_name)
@@ -756,12 +455,9 @@ class Proxy:
         moment with nothing in flight anywhere would always run into the timeout.
         """
         self.stopping = True
-        for server in list(self.listeners.values()):
-            server.close()
+        self.listening.close()
         if self._header_gate is not None:
             self._header_gate.close_all()
-        for entry in self.unbound.values():
-            entry.retry.cancel()
         for relay in list(self.relays):
             relay.stop_reading_requests()
         deadline = time.monotonic() + self.config.shutdown_timeout
@@ -782,13 +478,7 @@ class Proxy:
         tasks = [r.task for r in self.relays if r.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=CLOSE_GRACE_S)
-        # A snapshot: a handler finishing meanwhile may still drop a broker's listener.
-        for server in list(self.listeners.values()):
-            try:        # bounded: on newer Pythons wait_closed also waits for connections
-                await asyncio.wait_for(server.wait_closed(), CLOSE_GRACE_S)
-            except asyncio.TimeoutError:
-                log.warning("a listener did not finish closing within %gs", CLOSE_GRACE_S)
-        self.listeners.clear()
+        await self.listening.wait_closed(CLOSE_GRACE_S)
         log.info("kproxy stopped")
 
     # ------------------------------------------------------------ logging

@@ -23,7 +23,7 @@ from fnmatch import fnmatchcase
 from ..protocol import Response, Struct, Uuid, encode_response, new_body
 from ..protocol.client_software import ClientSoftware, software_named
 from ..protocol.client_telemetry import GET_TELEMETRY_SUBSCRIPTIONS_KEY, PUSH_TELEMETRY_KEY, TELEMETRY_KEYS
-from ..protocol.connection import RequestReceived, ResponseReceived
+from ..protocol.events import RequestReceived, ResponseReceived
 from ..protocol.records import CODEC_NAMES
 from ..protocol.schema import UNSUPPORTED_VERSION      # also the answer to a denied client that asks anyway
 from ..protocol.api_keys import ApiKey

@@ -13,7 +13,7 @@ import ssl
 from typing import TYPE_CHECKING, Callable
 
 from ..config import TLSClient, TLSServer
-from ..protocol.connection import TLS_HANDSHAKE_FAILURE_ALERT
+from ..protocol.sniff import TLS_HANDSHAKE_FAILURE_ALERT
 from ..protocol.tls_failures import handshake_failure
 
 if TYPE_CHECKING:            # tls_files loads cryptography (~16 MB): only where TLS is configured

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 from ..protocol import OpaqueBody, Struct, new_body
 from ..protocol.api_keys import ApiKey
-from ..protocol.connection import RequestReceived, ResponseReceived
+from ..protocol.events import RequestReceived, ResponseReceived
 from ..observers.contract import Interest
 from .log_budget import LogBudget
 from .own_requests import _ASK_FAILURES, OwnRequests, _failure

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from kproxy.observers.capture import Capture, CaptureConfig
-from kproxy.protocol.connection import RequestReceived, ResponseReceived
+from kproxy.protocol.events import RequestReceived, ResponseReceived
 from tests.observers.captures import files, read_jsonl, read_parquet, tshark
 from tests.proxy.harness import ProxyThread, kafka_python_group_consumer
 

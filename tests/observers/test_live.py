@@ -8,7 +8,7 @@ import pytest
 
 from kproxy.observers import live as live_module
 from kproxy.observers.live import LATENCY_EDGES_MS, LiveView, Viewer, ViewerFilter, _Window
-from kproxy.protocol.connection import RequestReceived, ResponseReceived
+from kproxy.protocol.events import RequestReceived, ResponseReceived
 from kproxy.observers.contract import ConnectionInfo
 
 INFO = ConnectionInfo(7, ("10.1.2.3", 5555), "bootstrap", ("10.9.9.9", 9092), None, 0.0)

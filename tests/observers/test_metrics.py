@@ -11,7 +11,8 @@ from kproxy.observers.contract import CLIENT_CLOSED, CloseCause, CloseKind
 from kproxy.observers.metrics import CLOSE_REASONS, LATENCY_BUCKETS, PREINITIALIZED_APIS, SIZE_BUCKETS, Metrics
 from kproxy.protocol import schema
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body
-from kproxy.protocol.connection import Connection, FrameTooLarge, UnpairedResponse, UntrackableRequest
+from kproxy.protocol.connection import Connection
+from kproxy.protocol.errors import FrameTooLarge, UnpairedResponse, UntrackableRequest
 from kproxy.protocol.record_encoder import build_batch
 from kproxy.protocol.records import Record
 from tests.protocol.frames import framed
@@ -304,14 +305,14 @@ def test_scrapes_in_another_thread_see_consistent_histograms_while_the_loop_coun
 def test_produce_and_fetch_are_counted_without_decoding_them_whole(monkeypatch):
     """Only what the metrics read of Produce and Fetch pairs is decoded (``protocol.skim``):
     the whole decoders are not called for them, and every count is still there."""
-    import kproxy.protocol.connection as connection
+    import kproxy.protocol.events as events_module
     from kproxy.protocol import Uuid
 
     def whole(*args):
         raise AssertionError("a Produce or Fetch frame was decoded whole")
 
-    monkeypatch.setattr(connection, "decode_request", whole)
-    monkeypatch.setattr(connection, "decode_response", whole)
+    monkeypatch.setattr(events_module, "decode_request", whole)
+    monkeypatch.setattr(events_module, "decode_response", whole)
     m, clock = Metrics(), Clock()
     conn = Connection(clock=clock)
     records, topic_id = batch(5, "lz4"), Uuid(bytes(range(16)))

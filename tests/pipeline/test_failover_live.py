@@ -37,8 +37,8 @@ from kproxy.embedded.kafka import TOOL_JVM_ARGS, _tool_command, run_tool   # _to
 from kproxy.observers.capture import CaptureConfig
 from kproxy.pipeline import failovers as failover_tables
 from kproxy.pipeline.audit import audit
-from kproxy.pipeline.source import load_capture
-from kproxy.protocol.connection import RequestReceived
+from kproxy.pipeline.load import load_capture
+from kproxy.protocol.events import RequestReceived
 from tests.proxy.harness import ProxyThread, wait_for
 
 # Two JVM tools, a 3-node cluster's leader moved twice, Spark: minutes, not the default suite's

@@ -13,7 +13,7 @@ from kproxy.observers.capture import Capture, CaptureConfig
 from kproxy.observers.failover import Failovers
 from kproxy.pipeline import failovers as failover_tables
 from kproxy.pipeline.audit import audit
-from kproxy.pipeline.source import load_capture
+from kproxy.pipeline.load import load_capture
 from kproxy.protocol import Struct, Uuid
 from tests.observers.captures import Link, produce_answer, produce_request
 

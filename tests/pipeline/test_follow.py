@@ -23,7 +23,8 @@ import pytest
 
 from kproxy.observers.capture.parquet import SCHEMA
 from kproxy.pipeline.job import Options
-from kproxy.pipeline.source import InputError, load_capture
+from kproxy.pipeline.load import load_capture
+from kproxy.pipeline.source import InputError
 from kproxy.pipeline.synthetic import synthetic_table, write_synthetic
 
 pytest.importorskip("pyspark")

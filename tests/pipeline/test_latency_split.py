@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from kproxy.observers.capture.parquet import SCHEMA
 from kproxy.pipeline import tables as T
 from kproxy.pipeline.report import _Data, _latency_split
-from kproxy.pipeline.source import load_capture
+from kproxy.pipeline.load import load_capture
 from kproxy.protocol.client_telemetry import NODE_REQUEST_LATENCY_AVG, RECORD_QUEUE_TIME_AVG
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc).timestamp()

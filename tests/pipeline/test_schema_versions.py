@@ -11,7 +11,8 @@ import pytest
 
 from kproxy.observers.capture import SCHEMA_VERSION, Capture, CaptureConfig
 from kproxy.observers.capture.parquet import SCHEMA
-from kproxy.pipeline.source import InputError, check_file, load_capture
+from kproxy.pipeline.load import load_capture
+from kproxy.pipeline.source import InputError, check_file
 from tests.observers.captures import (V2_COLUMNS, V3_COLUMNS, V4_COLUMNS, Link, produce_request, produce_response, sasl_plain,
                                       v1_rows)
 

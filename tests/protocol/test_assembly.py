@@ -7,7 +7,8 @@ import struct
 from hypothesis import given, settings, strategies as st
 
 from kproxy.protocol import Struct
-from kproxy.protocol.connection import ZERO_COPY_FRAME_BYTES, Connection
+from kproxy.protocol.connection import Connection
+from kproxy.protocol.framer import ZERO_COPY_FRAME_BYTES
 
 from tests.protocol.frames import request_bytes, response_bytes
 

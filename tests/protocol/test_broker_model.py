@@ -22,8 +22,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from kproxy.protocol import Request, encode_request, new_body
-from kproxy.protocol.connection import (Connection, ProtocolViolation, ResponseReceived,
-                                        UnpairedResponse, UntrackableRequest)
+from kproxy.protocol.connection import Connection
+from kproxy.protocol.errors import ProtocolViolation, UnpairedResponse, UntrackableRequest
+from kproxy.protocol.events import ResponseReceived
 from tests.protocol.frames import framed, uvarint
 from tests.soak import run_for
 

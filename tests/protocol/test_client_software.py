@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kproxy.protocol import decode_request, decode_response
 from kproxy.protocol.client_software import FIRST_NAMING_VERSION, software_named
-from kproxy.protocol.connection import RequestReceived, ResponseReceived
+from kproxy.protocol.events import RequestReceived, ResponseReceived
 
 API_VERSIONS = 18
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kproxy.protocol import Struct, encode_response
-from kproxy.protocol.connection import (Connection, FrameTooLarge, MalformedFrame, ProtocolViolation,
-                                        RequestReceived, ResponseReceived, SaslTokenPassed,
-                                        UnpairedResponse, UntrackableRequest)
+from kproxy.protocol.connection import Connection
+from kproxy.protocol.errors import FrameTooLarge, ProtocolViolation, UnpairedResponse, UntrackableRequest
+from kproxy.protocol.events import MalformedFrame, RequestReceived, ResponseReceived, SaslTokenPassed
 from tests.protocol.frames import (PADDED_BUT_ACCEPTED, REFUSED_BY_THE_BROKER, FakeClock, framed, produce, produce_v9,
                                    request_bytes, response_bytes)
 
@@ -280,7 +280,7 @@ def test_relay_broker_without_holds_returns_the_chunk_itself():
 
 
 def test_large_held_frames_pass_unchanged_without_copying_the_payload():
-    from kproxy.protocol.connection import ZERO_COPY_FRAME_BYTES
+    from kproxy.protocol.framer import ZERO_COPY_FRAME_BYTES
     from kproxy.protocol.record_encoder import build_batch
     from kproxy.protocol.records import Record
 

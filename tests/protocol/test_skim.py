@@ -199,13 +199,13 @@ def test_decode_error_of_produce_and_fetch_needs_no_whole_decode(monkeypatch):
     """kproxy's decode-failure log asks every event's ``decode_error``: for Produce and Fetch
     the partial decode answers it (the whole decoders are never called), as it answers for
     the metrics."""
-    import kproxy.protocol.connection as connection
+    import kproxy.protocol.events as events_module
 
     def whole(*args):
         raise AssertionError("decoded whole")
 
-    monkeypatch.setattr(connection, "decode_request", whole)
-    monkeypatch.setattr(connection, "decode_response", whole)
+    monkeypatch.setattr(events_module, "decode_request", whole)
+    monkeypatch.setattr(events_module, "decode_response", whole)
     for kind, api_key, version, frame in CORPUS:
         if kind != "request" or (api_key == 0 and decode_request(frame).body.acks == 0):
             continue

@@ -6,7 +6,9 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kproxy.protocol.connection import STREAM_HEAD_LIMIT, Connection, RequestReceived, UntrackableRequest
+from kproxy.protocol.connection import STREAM_HEAD_LIMIT, Connection
+from kproxy.protocol.errors import UntrackableRequest
+from kproxy.protocol.events import RequestReceived
 
 from tests.protocol.frames import FakeClock, framed, produce, produce_v9, request_bytes, response_bytes, uvarint
 

@@ -2,8 +2,10 @@
 
 import pytest
 
-from kproxy.protocol.connection import (HTTP_BAD_REQUEST, TLS_HANDSHAKE_FAILURE_ALERT, WRONG_PROTOCOLS,
-                                        Connection, FrameTooLarge, WrongProtocol)
+from kproxy.protocol.connection import Connection
+from kproxy.protocol.errors import FrameTooLarge
+from kproxy.protocol.sniff import (HTTP_BAD_REQUEST, TLS_HANDSHAKE_FAILURE_ALERT, WRONG_PROTOCOLS,
+                                   WrongProtocol)
 
 # The first bytes of what real tools send: a TLS 1.2/1.3 ClientHello record header
 # (openssl s_client, Java, librdkafka: record version 3.1), an SSL 3.0 record, HTTP.

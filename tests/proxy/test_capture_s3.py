@@ -123,7 +123,7 @@ def test_closed_files_are_uploaded_as_they_are(uploaded, s3_server):
 
 
 def test_s3a_reads_what_the_directory_holds(uploaded, spark, s3_env):
-    from kproxy.pipeline.source import load_capture
+    from kproxy.pipeline.load import load_capture
     directory, bucket, prefix, counters = uploaded
     from kproxy.pipeline.s3_source import resolve
     local_inputs, local = load_capture(spark, [str(directory)])
@@ -139,7 +139,8 @@ def test_s3a_reads_what_the_directory_holds(uploaded, spark, s3_env):
 
 
 def test_no_captures_under_a_prefix_is_one_line(uploaded, spark, s3_env):
-    from kproxy.pipeline.source import InputError, load_capture
+    from kproxy.pipeline.load import load_capture
+    from kproxy.pipeline.source import InputError
     _, bucket, _, _ = uploaded
     with pytest.raises(InputError, match="no such object or prefix"):
         load_capture(spark, [f"s3a://{bucket}/nothing-here"])

@@ -148,7 +148,7 @@ def test_streamed_tables_equal_the_batch_tables(fleet, kafka_cluster, spark, tmp
     from kproxy.pipeline import tables as T
     from kproxy.pipeline.follow import follow
     from kproxy.pipeline.job import Options
-    from kproxy.pipeline.source import load_capture
+    from kproxy.pipeline.load import load_capture
     from tests.pipeline.test_follow import _assert_tables_match
 
     capture_topic, counters = fleet

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import pytest
 
 from kproxy.embedded import KafkaCluster, TansuBroker, run_tool
-from kproxy.protocol.connection import Connection, MalformedFrame, RequestReceived, ResponseReceived
+from kproxy.protocol.connection import Connection
+from kproxy.protocol.events import MalformedFrame, RequestReceived, ResponseReceived
 from kproxy.protocol.records import iter_batches
 from tests.proxy.harness import ProxyThread, free_ports, kafka_python_group_consumer, wait_for
 

@@ -31,7 +31,7 @@ import pytest
 
 from kproxy.embedded import KafkaCluster
 from kproxy.protocol import Struct, decode_response
-from kproxy.protocol.connection import RequestReceived, ResponseReceived
+from kproxy.protocol.events import RequestReceived, ResponseReceived
 from tests.proxy.certs import PKI
 from tests.proxy.cluster import (ADMIN_TIMEOUT_S, CONSUME_TIMEOUT_S, LEADER_MOVE_TIMEOUT_S, SHUTDOWN_TIMEOUT_S,
                                  api_trace, assert_no_upstream_address, create_topic, leads_again, port_free_on,

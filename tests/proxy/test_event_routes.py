@@ -92,7 +92,7 @@ def test_the_default_observers_take_what_they_read_and_no_more():
 
 def test_routes_kept_stay_bounded_whatever_api_keys_a_client_sends():
     from kproxy.proxy.event_routes import MAX_ROUTED_KEYS, EventRoutes
-    from kproxy.protocol.connection import RequestReceived
+    from kproxy.protocol.events import RequestReceived
     taker = Recorder(Interest({METADATA}))
     routes = EventRoutes([taker])
     for key in range(5_000):

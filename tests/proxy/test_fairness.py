@@ -28,7 +28,7 @@ from collections import defaultdict
 
 import pytest
 
-from kproxy.protocol.connection import RequestReceived
+from kproxy.protocol.events import RequestReceived
 from kproxy.proxy.fairness import DEFERRED_EVENTS_PER_TURN
 from kproxy.proxy.relay import OBSERVER_EVENTS_PER_CHECK
 from tests.proxy.harness import wait_for

@@ -26,7 +26,7 @@ import uuid
 
 import pytest
 
-from kproxy.protocol.connection import RequestReceived
+from kproxy.protocol.events import RequestReceived
 from kproxy.proxy.relay import READ_CHUNK, WRITE_HIGH_WATER
 from tests.proxy.harness import (KproxyProcess, ProxyThread, free_ports, http_status, silent_port,
                                   wait_for)

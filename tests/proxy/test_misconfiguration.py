@@ -18,7 +18,8 @@ import pytest
 
 from kproxy.observers.contract import CLIENT_CLOSED, CloseCause, CloseKind
 from kproxy.observers.metrics import CLOSE_REASONS
-from kproxy.protocol.connection import WRONG_PROTOCOLS, Connection, WrongProtocol
+from kproxy.protocol.connection import Connection
+from kproxy.protocol.sniff import WRONG_PROTOCOLS, WrongProtocol
 from kproxy.observers.contract import ConnectionInfo
 from kproxy.proxy.server import MisconfigurationLog
 from tests.observers.metrics import sample, scrape_until

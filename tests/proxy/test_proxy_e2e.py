@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from kproxy.protocol.connection import ResponseReceived
+from kproxy.protocol.events import ResponseReceived
 from tests.proxy.harness import ProxyThread, kafka_python_group_consumer
 
 pytestmark = pytest.mark.broker

@@ -346,7 +346,7 @@ def test_a_large_request_read_in_place_is_forwarded_read_by_read_and_observed_on
     import struct
 
     from kproxy.protocol import Request, Struct, encode_request, new_body
-    from kproxy.protocol.connection import RequestReceived
+    from kproxy.protocol.events import RequestReceived
 
     seen = []
 
@@ -384,8 +384,8 @@ def test_the_same_api_versions_answer_is_capped_once_and_each_copy_keeps_its_cor
 
     from kproxy.protocol import (Request, Response, Struct, decode_response, encode_request,
                                  encode_response, new_body, schema)
-    from kproxy.protocol.connection import ResponseReceived
-    from kproxy.proxy import rewrite, server
+    from kproxy.protocol.events import ResponseReceived
+    from kproxy.proxy import answer_rewriting, rewrite
 
     caps = []
     original = rewrite.cap_api_versions
@@ -393,7 +393,7 @@ def test_the_same_api_versions_answer_is_capped_once_and_each_copy_keeps_its_cor
     def counting(response, *args, **kwargs):
         caps.append(response.correlation_id)
         return original(response, *args, **kwargs)
-    monkeypatch.setattr(server, "cap_api_versions", counting)
+    monkeypatch.setattr(answer_rewriting, "cap_api_versions", counting)
     produce_max = schema.version_range(0)[1]
 
     async def scenario(relay, client, broker):

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from kproxy.protocol.connection import RequestReceived
+from kproxy.protocol.events import RequestReceived
 from kproxy.proxy import memory as memory_module
 from kproxy.proxy import relay as relay_module
 from kproxy.proxy.fairness import EVENTS_PER_STEP

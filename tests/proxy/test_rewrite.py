@@ -101,7 +101,7 @@ def test_produce_and_fetch_answers_are_decoded_whole_only_when_they_name_endpoin
     passed on as is, read partially (``protocol.skim``), not decoded whole; one with them
     is rewritten as before."""
     import struct
-    import kproxy.protocol.connection as connection
+    import kproxy.protocol.events as events_module
     from kproxy.config import build
     from kproxy.protocol import Request, encode_request
     from kproxy.protocol.connection import Connection
@@ -109,8 +109,8 @@ def test_produce_and_fetch_answers_are_decoded_whole_only_when_they_name_endpoin
 
     proxy = Proxy(build({"upstream": "127.0.0.1:1", "mode": "sidecar"}))
     decoded_whole = []
-    whole = connection.decode_response
-    monkeypatch.setattr(connection, "decode_response", lambda *a: decoded_whole.append(a) or whole(*a))
+    whole = events_module.decode_response
+    monkeypatch.setattr(events_module, "decode_response", lambda *a: decoded_whole.append(a) or whole(*a))
 
     def answer(correlation_id, **fields):
         conn = Connection(hold=proxy.hold, transform=proxy.transform)

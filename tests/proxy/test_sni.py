@@ -39,7 +39,7 @@ import pytest
 from kproxy import config as config_module
 from kproxy.embedded import recv_exactly
 from kproxy.protocol import decode_response
-from kproxy.protocol.connection import RequestReceived
+from kproxy.protocol.events import RequestReceived
 from kproxy.proxy.server import Proxy
 from kproxy.certs.sni import BOOTSTRAP, WIDEST_NODE_ID, NodeNames
 from tests.background_tool import BackgroundTool
@@ -206,7 +206,7 @@ def test_every_address_bearing_response_names_each_node_by_its_own_name(pki, api
     brokers of their node ids are learnt first here."""
     from kproxy.protocol import Response, decode_response, encode_response
     from kproxy.proxy.rewrite import node_addresses, rewrite_addresses
-    from kproxy.proxy.server import CONTROLLER_ADDRESS_KEYS
+    from kproxy.proxy.answer_rewriting import CONTROLLER_ADDRESS_KEYS
     from tests.protocol.samples import sample_body
 
     proxy = Proxy(config_module.build({
@@ -242,17 +242,17 @@ def test_a_sidecar_that_knows_its_node_refuses_other_nodes_names(pki):
 
     class Handshake:          # what the callback gets: the connection's SSLObject
         pass
-    assert proxy._on_server_name(Handshake(), name_of(2), None) is None
+    assert proxy.sni.on_server_name(Handshake(), name_of(2), None) is None
     proxy.advertise(2, "10.0.0.2", 9092)
     assert proxy.local_node is None                     # node 2 is not this sidecar's broker
     proxy.advertise(1, "10.0.0.1", 9092)
     assert proxy.local_node == 1
     refused = Handshake()
-    assert proxy._on_server_name(refused, name_of(2), None) == ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+    assert proxy.sni.on_server_name(refused, name_of(2), None) == ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
     assert not hasattr(refused, "kproxy_route")
     for name, route in ((name_of(1), 1), (BOOTSTRAP_NAME, BOOTSTRAP)):
         served = Handshake()
-        assert proxy._on_server_name(served, name, None) is None and served.kproxy_route == route
+        assert proxy.sni.on_server_name(served, name, None) is None and served.kproxy_route == route
 
 
 def handshake(address: tuple[str, int], pki, server_name: str | None) -> str:

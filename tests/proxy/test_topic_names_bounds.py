@@ -10,7 +10,7 @@ import time
 from types import SimpleNamespace
 
 from kproxy.protocol import Request, Struct, Uuid, encode_request, new_body
-from kproxy.protocol.connection import RequestReceived
+from kproxy.protocol.events import RequestReceived
 from kproxy.proxy import topic_names
 from kproxy.proxy.topic_names import IDS_PER_QUESTION, TopicNameLookup
 

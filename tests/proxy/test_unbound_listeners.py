@@ -22,9 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from kproxy import config as config_module
 from kproxy.observers.metrics import Metrics
 from kproxy.protocol.connection import Connection
-from kproxy.proxy import server as server_module
+from kproxy.proxy import listeners as listeners_module
 from kproxy.proxy.rewrite import LEADER_NOT_AVAILABLE, NO_NODE
-from kproxy.proxy.server import BIND_RETRY_MAX_S, Proxy
+from kproxy.proxy.listeners import BIND_RETRY_MAX_S
+from kproxy.proxy.server import Proxy
 from tests.proxy.harness import ProxyThread, http_status, wait_for
 from tests.proxy.wire import METADATA, RawClient, create_topic
 
@@ -77,8 +78,8 @@ def test_failures_are_counted_each_time_and_logged_once_per_cause(monkeypatch, c
         code = next(causes, errno.EACCES)
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(server_module, "BIND_RETRY_FIRST_S", 0.01)
-    monkeypatch.setattr(server_module, "BIND_RETRY_MAX_S", 0.01)
+    monkeypatch.setattr(listeners_module, "BIND_RETRY_FIRST_S", 0.01)
+    monkeypatch.setattr(listeners_module, "BIND_RETRY_MAX_S", 0.01)
     metrics = Metrics()
     config = config_module.build({"upstream": "127.0.0.1:1", "listen": "127.0.0.1:0",
                                   "broker_port_rule": "map", "broker_port_map": {1: 443}})
@@ -90,7 +91,7 @@ def test_failures_are_counted_each_time_and_logged_once_per_cause(monkeypatch, c
             "kproxy_listener_bind_failures_total", {"listener": "broker-1", "reason": reason}) or 0.0
 
     async def run() -> list[str]:
-        monkeypatch.setattr(Proxy, "_bind", refuse)
+        monkeypatch.setattr(listeners_module.Listeners, "bind", refuse)
         for _ in range(3):                                  # three Metadata responses name it
             assert proxy.advertise(1, "10.0.0.1", 9092) == ("127.0.0.1", 443)
         assert failures("permission_denied") == 1           # then the retry task is in charge

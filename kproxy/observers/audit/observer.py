@@ -22,7 +22,7 @@ import time
 from collections import deque
 from logging.handlers import RotatingFileHandler
 
-from ...protocol.connection import RequestReceived, ResponseReceived
+from ...protocol.events import RequestReceived, ResponseReceived
 from ...protocol.pair_fields import pair_fields
 from ...protocol.api_keys import ApiKey
 from ...protocol.sasl import SaslPrincipal

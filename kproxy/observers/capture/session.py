@@ -15,8 +15,7 @@ import queue
 import time
 
 from ...protocol.client_software import FIRST_NAMING_VERSION
-from ...protocol.connection import (MalformedFrame, RequestReceived, ResponseReceived,
-                                    SaslTokenPassed)
+from ...protocol.events import MalformedFrame, RequestReceived, ResponseReceived, SaslTokenPassed
 from ...protocol.api_keys import SASL_KEYS as _SASL_KEYS, ApiKey   # SASL: they name the principal
 from .config import CaptureConfig
 from .writer import STOP, Writer

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ...policy import Policy, Subject
 from ...protocol import api_name
 from ...protocol.client_software import software_named
-from ...protocol.connection import RequestReceived, ResponseReceived
+from ...protocol.events import RequestReceived, ResponseReceived
 from ...protocol.api_keys import ApiKey
 
 OTHER = "other"          # the violator label past the cap (as BoundedLabel says it)

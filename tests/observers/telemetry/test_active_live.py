@@ -20,7 +20,7 @@ from kproxy.embedded.kafka import run_tool
 from kproxy.protocol import Uuid, new_body
 from kproxy.observers.capture.filters import header_client_id
 from kproxy.protocol.client_telemetry import decode_push
-from kproxy.protocol.connection import ResponseReceived
+from kproxy.protocol.events import ResponseReceived
 from kproxy.proxy import telemetry_offer
 from kproxy.proxy.local_requests import LocalRequest
 from kproxy.proxy.relay import Relay
