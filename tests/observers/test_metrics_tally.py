@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 
 from kproxy.observers.metrics import Metrics
 from kproxy.protocol import Request, Response, Struct, encode_request, encode_response, new_body, schema
-from kproxy.protocol import connection as connection_module
+from kproxy.protocol import events as events_module
 from kproxy.protocol.connection import Connection
 from kproxy.protocol.record_encoder import build_batch
 from kproxy.protocol.records import Record
@@ -96,8 +96,8 @@ def fetch_pair(rng: random.Random, version: int, n: int, batches: list) -> tuple
 def exposition(pairs, monkeypatch, tallies: bool) -> bytes:
     with monkeypatch.context() as patch:
         if not tallies:
-            patch.setattr(connection_module, "tally_request", lambda frame: None)
-            patch.setattr(connection_module, "tally_response", lambda frame, key, version: None)
+            patch.setattr(events_module, "tally_request", lambda frame: None)
+            patch.setattr(events_module, "tally_response", lambda frame, key, version: None)
         metrics = Metrics(client_id_label=True, topic_label=True)
         metrics.topics.named(TOPIC_IDS[0], "named-by-metadata")     # the other stays an id
         ticks = iter(range(10**9))
