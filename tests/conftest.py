@@ -110,11 +110,19 @@ def require_kafka() -> Callable[[str], None]:
     return _require_kafka
 
 
+# KIP-848 groups move partitions only on members' heartbeats, which the broker paces (5 s by
+# default): a member that joins waits up to two intervals for its share. One second lets the
+# session broker's groups settle in a second or two; clients cannot set it themselves.
+KIP848_HEARTBEAT_SETTINGS = {"group.consumer.min.heartbeat.interval.ms": 1000,
+                             "group.consumer.heartbeat.interval.ms": 1000}
+
+
 @pytest.fixture(scope="session")
 def kafka_cluster() -> Iterator[KafkaCluster]:
-    """One combined Kafka node of the newest 4.x release."""
+    """One combined Kafka node of the newest 4.x release (KIP-848 heartbeats every second)."""
     _require_kafka(KAFKA_4_VERSION)
-    with KafkaCluster(version=KAFKA_4_VERSION, jvm_args=LIGHT_BROKER_JVM_ARGS) as cluster:
+    with KafkaCluster(version=KAFKA_4_VERSION, jvm_args=LIGHT_BROKER_JVM_ARGS,
+                      extra_config=KIP848_HEARTBEAT_SETTINGS) as cluster:
         yield cluster
 
 

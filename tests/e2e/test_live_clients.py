@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from kproxy.embedded import KAFKA_3_VERSION, KAFKA_4_VERSION
+from kproxy.embedded import KAFKA_3_VERSION, KAFKA_4_VERSION, LIGHT_BROKER_JVM_ARGS, KafkaCluster
 from tests.protocol.golden import (BROKER_RANGES, PRODUCE, api_versions_ranges, check_addresses, check_client_ids,
                                    check_produce_topics, check_records, check_unanswered, decode_pairs)
 
@@ -63,13 +64,14 @@ SCENARIOS = {
 
 @pytest.fixture(scope="module")
 def proxied_broker(require_kafka) -> Iterator:
-    """``proxied_broker(version)``: a node of that version behind the relay, started once."""
+    """``proxied_broker(version)``: a node of that version behind the relay, started once
+    (its own: it advertises the relay, which forwards bytes unchanged)."""
     started: dict[str, ProxiedBroker] = {}
 
     def get(version: str) -> ProxiedBroker:
         if version not in started:
             require_kafka(version)
-            broker = ProxiedBroker(version)
+            broker = ProxiedBroker(version, partial(KafkaCluster, jvm_args=LIGHT_BROKER_JVM_ARGS))
             broker.__enter__()
             started[version] = broker
         return started[version]

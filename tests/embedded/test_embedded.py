@@ -119,7 +119,13 @@ def test_kafka3_round_trip_kafka_python(kafka3_cluster: KafkaCluster) -> None:
     assert received == _payloads()
 
 
-@pytest.fixture(params=["kafka_cluster", "kafka3_cluster"], ids=["kafka4", "kafka3"])
+@pytest.fixture(params=[
+    # Soak only for 4.x: tests/proxy/test_client_matrix.py::test_java_tools runs the same
+    # tools (topics --create, console producer, console consumer in a group, consumer-groups
+    # --describe) of the same session broker through run_tool, and checks their output.
+    pytest.param("kafka_cluster", id="kafka4", marks=pytest.mark.soak),
+    pytest.param("kafka3_cluster", id="kafka3"),
+])
 def any_kafka(request: pytest.FixtureRequest) -> KafkaCluster:
     """Each session cluster in turn: the tool class names differ between 3.x and 4.x."""
     cluster: KafkaCluster = request.getfixturevalue(request.param)

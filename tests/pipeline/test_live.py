@@ -3,9 +3,10 @@
 Apache Kafka 3.9.2 (it still accepts the versions Kafka 4.0 removed), real
 clients through kproxy with capture on (Parquet and JSONL): a confluent-kafka
 producer, a classic consumer group that rebalances when a second member joins
-mid-run, and kafka-python pinned to Kafka 0.10's protocol (Produce v2, removed
-by KIP-896). Capture stops before the consumers leave, so the group went
-through exactly the two generations the test caused.
+mid-run (half the records are produced after it joined), and kafka-python pinned
+to Kafka 0.10's protocol (Produce v2, removed by KIP-896). Capture stops before
+the consumers leave, so the group went through exactly the two generations the
+test caused.
 """
 
 from __future__ import annotations
@@ -30,18 +31,26 @@ PRODUCED = 300
 LEGACY_PRODUCED = 10
 GROUP_TIMEOUT_S = 60
 COMMIT_SETTLE_S = 1.0       # two auto-commit intervals after the last record was read
+POLL_WAIT_S = 0.2           # how long a poll waits when the last round brought nothing
 
 
 def _poll_until(consumers, done, timeout=GROUP_TIMEOUT_S):
-    """Poll every consumer in turn (each must poll to take part in a rebalance) until ``done()``."""
+    """Poll every consumer in turn (each must poll to take part in a rebalance) until ``done()``.
+
+    One record per consumer per round. A poll waits only after a round that brought nothing:
+    otherwise a member with nothing left would cost a whole wait per record of the other."""
     got = {id(c): [] for c in consumers}
     deadline = time.monotonic() + timeout
+    wait = POLL_WAIT_S
     while not done(got):
         assert time.monotonic() < deadline, "consumer group did not settle"
+        news = False
         for c in consumers:
-            m = c.poll(0.2)
+            m = c.poll(wait)
             if m is not None and m.error() is None:
                 got[id(c)].append(m.value())
+                news = True
+        wait = 0 if news else POLL_WAIT_S
     return got
 
 
@@ -61,9 +70,13 @@ def live_capture(kafka3_cluster, tmp_path_factory):
 
         producer = Producer({"bootstrap.servers": proxy.bootstrap, "client.id": "live-producer",
                              "linger.ms": 5})
-        for i in range(PRODUCED):
-            producer.produce(topic, key=b"%d" % i, value=b"value-%d" % i)
-        assert producer.flush(30) == 0
+
+        def produce(numbers):
+            for i in numbers:
+                producer.produce(topic, key=b"%d" % i, value=b"value-%d" % i)
+            assert producer.flush(30) == 0
+
+        produce(range(PRODUCED // 2))
         legacy = KafkaProducer(bootstrap_servers=proxy.bootstrap, client_id="legacy-producer",
                                api_version=(0, 10))
         for i in range(LEGACY_PRODUCED):
@@ -81,6 +94,9 @@ def live_capture(kafka3_cluster, tmp_path_factory):
         second.subscribe([topic])
         joined = _poll_until([first, second],
                              lambda g: len(second.assignment()) > 0 and len(first.assignment()) > 0)
+        # The second half is produced once both members hold a partition (its keys land on
+        # both), so each reads new records whatever the first had read and committed before.
+        produce(range(PRODUCED // 2, PRODUCED))
         # Both members fetch what is left: until every record was read, the second member's too.
         before = sum(map(len, alone.values())) + sum(map(len, joined.values()))
         _poll_until([first, second],

@@ -243,7 +243,7 @@ def test_max_connections(start_proxy, kproxy_log):
 def test_idle_timeout_closes_idle_connections_only(start_proxy, topic, kproxy_log):
     """An idle connection is closed after idle_timeout; one waiting on a long-poll is not."""
     idle_timeout = 1.0
-    long_poll_ms = 4000                            # well past the idle timeout
+    long_poll_ms = 2500                            # well past the idle timeout (2.5 of them)
     proxy = start_proxy(idle_timeout=idle_timeout)
     idle, polling = RawClient(proxy.bootstrap), RawClient(proxy.bootstrap)
     api_versions_ok(polling)

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -116,8 +115,9 @@ def test_healthz_turns_503_when_the_event_loop_is_blocked():
     with proxy:
         probe = proxy.runtime.probe_url
         assert get(probe + "/healthz")[0] == 200
-        unblocked = threading.Event()
-        proxy.loop.call_soon_threadsafe(time.sleep, block_s)     # the loop does nothing else
+        unblocked, release = threading.Event(), threading.Event()
+        # The loop does nothing else until the checks below are done (block_s at most).
+        proxy.loop.call_soon_threadsafe(release.wait, block_s)
         proxy.loop.call_soon_threadsafe(unblocked.set)
         stalled = []
         wait_for(lambda: stalled.append(get(probe + "/healthz")) or stalled[-1][0] == 503,
@@ -125,6 +125,7 @@ def test_healthz_turns_503_when_the_event_loop_is_blocked():
         healthz_while_blocked = not unblocked.is_set()
         ready_status, ready_body = get(probe + "/readyz")
         readyz_while_blocked = not unblocked.is_set()
+        release.set()
         wait_for(unblocked.is_set, block_s + 5, "the loop to run again")
         wait_for(lambda: get(probe + "/healthz")[0] == 200, 5, "/healthz to recover")
     unreachable.close()

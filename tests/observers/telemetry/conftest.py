@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kproxy.embedded import KAFKA_4_VERSION, KafkaCluster
+from kproxy.embedded import KAFKA_4_VERSION, LIGHT_BROKER_JVM_ARGS, KafkaCluster
 from tests.observers.telemetry import plugin
 
 # Pushes every second: several per test, few enough to compare push by push.
@@ -21,7 +21,8 @@ def telemetry_cluster(require_kafka, tmp_path_factory) -> Iterator[tuple[KafkaCl
     directory = tmp_path_factory.mktemp("telemetry-plugin")
     received = directory / "pushes.txt"
     classes = plugin.compile_plugin(KAFKA_4_VERSION, directory)
-    with KafkaCluster(extra_config=plugin.broker_settings(received), extra_classpath=[classes]) as cluster:
+    with KafkaCluster(extra_config=plugin.broker_settings(received), extra_classpath=[classes],
+                      jvm_args=LIGHT_BROKER_JVM_ARGS) as cluster:
         plugin.subscribe(cluster.bootstrap_servers, ["org.apache.kafka.producer.", "org.apache.kafka.consumer."],
                          PUSH_INTERVAL_MS)
         yield cluster, plugin.Receiver(received)
