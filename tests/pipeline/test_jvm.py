@@ -81,7 +81,7 @@ from pathlib import Path
 from pyspark import SparkContext
 from kproxy.pipeline import cli, jvm
 archive = jvm.ClassArchive.for_this_run(Path(sys.argv[1]))
-spark = cli.session("local[1]", archive.java_options())
+spark = cli.session("local[1]", java_options=archive.java_options())
 assert spark.range(3).count() == 3
 pid = SparkContext._gateway.proc.pid
 with open(f"/proc/{pid}/maps") as maps:
