@@ -219,7 +219,7 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
         spark.conf.set(key, value)
     inputs, pairs = load_capture(spark, paths, options.fmt, options.since, options.until)
     progress.note(_describe(inputs))
-    scan = shared_scan(pairs, inputs)
+    scan = shared_scan(pairs, inputs, progress.note)
     pairs = scan.pairs
     try:
         head = progress.stage("read pairs", lambda: _headline(pairs), lambda h: f"{h['pairs']:,} pairs")
