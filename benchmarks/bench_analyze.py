@@ -24,7 +24,7 @@ and prints each one's median wall time and the ratio of the medians.
 
     python benchmarks/bench_analyze.py [--rows 1000000,10000000] [--json] [--no-report]
         [--cache DIR] [--master local[2]] [--spark-conf KEY=VALUE ...] [--timeout S]
-        [--code DIR ...] [--repeat N] [--no-duckdb]
+        [--code DIR ...] [--repeat N] [--no-duckdb] [--row-group-rows N]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kproxy.pipeline.synthetic import write_synthetic  # noqa: E402
+from kproxy.pipeline.synthetic import ROW_GROUP_ROWS, write_synthetic  # noqa: E402
 
 DEFAULT_ROWS = (1_000_000, 10_000_000)
 CHUNK_ROWS = 1_000_000             # generated one hour at a time: 10 M pairs at once would need ~6 GiB
@@ -61,9 +61,11 @@ DUCKDB_THREADS = 2                 # as many as local[2] gives Spark
 _STAGE = re.compile(r"^\[analyze\s+[\d.]+s\] (?:\d+/\d+ )?(?P<name>[^:]+): (?P<what>.*) \((?P<s>[\d.]+)s\)$")
 
 
-def capture(cache: Path, rows: int) -> Path:
-    """The synthetic capture of ``rows`` pairs, generated once into ``cache``."""
-    directory = cache / f"synthetic-{rows}"
+def capture(cache: Path, rows: int, row_group_rows: int = ROW_GROUP_ROWS) -> Path:
+    """The synthetic capture of ``rows`` pairs, generated once into ``cache``, one chunk at a
+    time (memory bounded by CHUNK_ROWS whatever ``rows``)."""
+    shaped = "" if row_group_rows == ROW_GROUP_ROWS else f"-rg{row_group_rows}"
+    directory = cache / f"synthetic-{rows}{shaped}"
     done = directory / ".complete"
     if done.exists():
         return directory
@@ -74,7 +76,7 @@ def capture(cache: Path, rows: int) -> Path:
         size = min(CHUNK_ROWS, rows - written)
         write_synthetic(str(directory), size, files=FILES_PER_CHUNK, seed=chunk,
                         prefix="kproxy-capture", start=START + dt.timedelta(seconds=chunk * CHUNK_SPAN_S),
-                        span_seconds=CHUNK_SPAN_S * size / CHUNK_ROWS)
+                        span_seconds=CHUNK_SPAN_S * size / CHUNK_ROWS, row_group_rows=row_group_rows)
         written += size
     done.write_text(f"{rows}\n")
     print(f"generated {rows:,} pairs in {time.monotonic() - began:.0f}s under {directory}", file=sys.stderr)
@@ -330,6 +332,9 @@ def main() -> int:
                         help="runs per size and --code, alternating between the --code trees")
     parser.add_argument("--no-duckdb", action="store_true",
                         help="leave out DuckDB's time for the headline tables (and the ratio)")
+    parser.add_argument("--row-group-rows", type=int, default=ROW_GROUP_ROWS, metavar="N",
+                        help="rows per Parquet row group of the generated capture (default: one per "
+                             "file; kproxy's capture writer closes one per 1,000 rows)")
     parser.add_argument("--duckdb-child", metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -345,7 +350,7 @@ def main() -> int:
     results = []
     engines = []
     for rows in (int(r) for r in args.rows.split(",")):
-        directory = capture(args.cache_dir, rows)
+        directory = capture(args.cache_dir, rows, args.row_group_rows)
         for _ in range(args.repeat):
             duck = None if args.no_duckdb else run_duckdb(directory)
             if duck is not None:

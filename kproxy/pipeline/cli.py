@@ -134,7 +134,8 @@ def _check_java() -> None:
 
 
 def local_driver_memory_mb() -> int:
-    """The heap for a local Spark: LOCAL_DRIVER_MEMORY_SHARE of physical memory, bounded."""
+    """The heap for a local Spark: LOCAL_DRIVER_MEMORY_SHARE of physical memory, bounded
+    (``jvm.heap_mb`` lowers it for a capture of known size)."""
     try:
         total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
     except (ValueError, OSError, AttributeError):
@@ -143,14 +144,17 @@ def local_driver_memory_mb() -> int:
                    LOCAL_DRIVER_MEMORY_MAX_MB))
 
 
-def session(master: str | None, jars: list[str] | tuple[str, ...] = (), java_options: str = ""):
+def session(master: str | None, jars: list[str] | tuple[str, ...] = (), java_options: str = "",
+            pairs: int | None = None):
     """A SparkSession: ours with quiet logs when we start Spark, spark-submit's as it is otherwise.
 
     ``jars``: added to a Spark kproxy starts (spark-submit is given its own ``--packages``).
-    ``java_options`` go to the driver JVM when we start it (``jvm``: class archive, JIT).
+    ``java_options`` go to the driver JVM when we start it (``jvm``: class archive, JIT);
+    ``pairs``, the capture's size when known, sizes its heap (``jvm.heap_mb``).
     """
     _check_java()
     from pyspark.sql import SparkSession
+    from .jvm import heap_mb
     builder = SparkSession.builder.appName("kproxy analyze")
     if master is not None and jars:
         builder = builder.config("spark.jars", ",".join(jars))
@@ -163,7 +167,8 @@ def session(master: str | None, jars: list[str] | tuple[str, ...] = (), java_opt
             builder = builder.config("spark.sql.shuffle.partitions",
                                      str(LOCAL_SHUFFLE_PARTITIONS_PER_CORE * (os.cpu_count() or 1)))
             if "spark.driver.memory" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
-                builder = builder.config("spark.driver.memory", f"{local_driver_memory_mb()}m")
+                builder = builder.config("spark.driver.memory",
+                                         f"{heap_mb(pairs, local_driver_memory_mb())}m")
             for key, value in LOCAL_SETTINGS.items():
                 if key not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
                     builder = builder.config(key, value)
@@ -260,7 +265,7 @@ def run(args, master: str | None) -> int:
         archive = ClassArchive.for_this_run() if master is not None and master.startswith("local") else None
         java_options = " ".join(filter(None, (archive.java_options() if archive else "",
                                               jit_options(inputs.pairs if inputs else None))))
-        spark = session(master, jars, java_options)
+        spark = session(master, jars, java_options, inputs.pairs if inputs else None)
         if args.follow:
             from .follow import follow
             follow(spark, args.paths, args.out, options, once=args.once)

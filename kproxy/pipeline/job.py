@@ -238,7 +238,7 @@ def analyze(spark: SparkSession, paths: list[str], out: str, options: Options | 
         spark.conf.set(key, value)
     inputs, pairs = load_capture(spark, paths, options.fmt, options.since, options.until)
     progress.note(_describe(inputs))
-    scan = shared_scan(pairs, inputs)
+    scan = shared_scan(pairs, inputs, progress.note)
     pairs = scan.pairs
     # Local Spark only: on a cluster (spark-submit) its own settings stand.
     small = (inputs.pairs is not None and inputs.pairs <= SMALL_CAPTURE_MAX_PAIRS

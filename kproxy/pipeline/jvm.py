@@ -39,6 +39,14 @@ STALE_PARTIAL_S = 3600.0
 # 1,000 pairs: 26 against 40 CPU seconds for the whole run. A large capture's hot loops
 # want the optimising tier, and were not measured with it off, so they keep it.
 QUICK_JIT_MAX_PAIRS = 50_000
+# Heap for a local run over a capture whose size the Parquet footers tell: the job keeps no
+# large capture's pairs in memory (each table reads its columns from the files, and its
+# aggregation state grows with its groups, not with the pairs), so more heap buys no speed,
+# only a JVM that grows towards it: 10 M pairs with a 6 GiB heap peaked at 2.9 GB RSS. With
+# this heap the JVM (heap, plus ~0.5 GB of classes, code and native buffers) stays under
+# 2 GiB; measured at 10 M and 100 M pairs (benchmarks/README.md). A capture of unknown
+# size (JSONL, a topic) keeps the machine's share: its disk cache is built in the heap.
+SIZED_HEAP_MB = 1280
 # The JVM's own lines about the archive (classes it cannot store, a mismatch it ignores)
 # would land on kproxy's stdout: they say nothing a user can act on.
 QUIET = "-Xlog:cds*=off"
@@ -135,6 +143,11 @@ def _remove_stale_partials(directory: Path) -> None:
                 os.unlink(partial)
         except OSError:
             pass                                    # another run removed or renamed it
+
+
+def heap_mb(pairs: int | None, machine_mb: int) -> int:
+    """The local driver's heap for a capture of ``pairs`` (None: unknown), at most ``machine_mb``."""
+    return machine_mb if pairs is None else min(machine_mb, SIZED_HEAP_MB)
 
 
 def jit_options(pairs: int | None) -> str:

@@ -52,6 +52,7 @@ class Inputs:
     skipped: tuple[str, ...] = ()          # e.g. "12 .jsonl files (the .parquet files hold the same pairs)"
     pruned: int = 0                        # files left out because they end before --since
     pairs: int | None = None               # rows in the files, when their footers say (Parquet)
+    row_groups: int | None = None          # Parquet row groups in the files (their footers)
 
 
 def is_uri(path: str) -> bool:
@@ -138,10 +139,13 @@ def resolve_inputs(paths: list[str], fmt: str = "auto", since: dt.datetime | Non
         wanted = "capture files (.parquet or .jsonl)" if not found else f"{fmt} capture files"
         raise InputError(f"no {wanted} in {' '.join(paths)}")
     kept, pruned = prune_before(files, since) if since is not None else (files, 0)
-    rows = sum(check_file(path, fmt) for path in kept)
+    counts = [_check(path, fmt) for path in kept]
+    rows = sum(rows for rows, _ in counts)
     if rows == 0:
         raise InputError(f"the capture in {' '.join(paths)} holds no request/response pairs")
-    return Inputs(tuple(kept), fmt, skipped, pruned, rows if fmt == "parquet" else None)
+    if fmt != "parquet":
+        return Inputs(tuple(kept), fmt, skipped, pruned)
+    return Inputs(tuple(kept), fmt, skipped, pruned, rows, sum(groups for _, groups in counts))
 
 
 def prune_before(files: list[str], since: dt.datetime) -> tuple[list[str], int]:
@@ -177,6 +181,12 @@ def check_file(path: str, fmt: str) -> int:
 
     Returns its row count when the footer says (Parquet), else 1 for a non-empty file.
     """
+    return _check(path, fmt)[0]
+
+
+def _check(path: str, fmt: str) -> tuple[int, int]:
+    """``check_file``, and the file's Parquet row groups (0 for JSONL)."""
+    groups = 0
     if fmt == "parquet":
         import pyarrow.parquet as pq
         try:
@@ -187,14 +197,14 @@ def check_file(path: str, fmt: str) -> int:
         raw = (schema.metadata or {}).get(SCHEMA_VERSION_KEY)
         if raw is None or "capture_version" not in schema.names:
             raise InputError(f"{path}: a Parquet file without kproxy's capture schema")
-        version, rows = int(raw), metadata.num_rows
+        version, rows, groups = int(raw), metadata.num_rows, metadata.num_row_groups
     else:
         if path.endswith(".gz"):
-            return 1                     # checked row by row once Spark reads it
+            return 1, 0                  # checked row by row once Spark reads it
         with open(path, "rb") as f:
             first = f.readline()
         if not first.strip():
-            return 0                     # an empty file: nothing to misread
+            return 0, 0                  # an empty file: nothing to misread
         rows = 1
         try:
             version = json.loads(first)["capture_version"]
@@ -203,7 +213,7 @@ def check_file(path: str, fmt: str) -> int:
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise InputError(f"{path}: capture schema version {version}; this kproxy reads up to "
                          f"{SCHEMA_VERSION} (upgrade kproxy)")
-    return rows
+    return rows, groups
 
 
 # ------------------------------------------------------------------ Spark side

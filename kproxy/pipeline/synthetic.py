@@ -44,6 +44,10 @@ SOFTWARE = [("apache-kafka-java", "3.9.1"), ("confluent-kafka-python", "2.6.0"),
             ("librdkafka", "2.6.0"), ("kafka-python", "2.0.2"), (None, None)]
 ERRORS = ["NOT_LEADER_OR_FOLLOWER", "REQUEST_TIMED_OUT", "REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID"]
 LONG_POLL_MS = 500.0
+# Rows per Parquet row group by default: one group per file of a benchmark's chunk (a
+# compacted capture). kproxy's own writer closes a row group per flush (1,000 rows or a
+# second by default); ``row_group_rows=1000`` writes files shaped like its captures.
+ROW_GROUP_ROWS = 1_000_000
 SPIKE_AT = 0.7                     # where in the span a p99 spike sits (an anomaly to find)
 
 
@@ -164,7 +168,7 @@ def synthetic_table(rows: int, seed: int = 0, start: dt.datetime | None = None,
 
 
 def write_synthetic(directory: str, rows: int, files: int = 4, prefix: str = "kproxy-capture",
-                    **kwargs) -> list[str]:
+                    row_group_rows: int = ROW_GROUP_ROWS, **kwargs) -> list[str]:
     """Write ``rows`` synthetic pairs as ``files`` Parquet files named as kproxy names them."""
     os.makedirs(directory, exist_ok=True)
     table = synthetic_table(rows, **kwargs)
@@ -178,7 +182,7 @@ def write_synthetic(directory: str, rows: int, files: int = 4, prefix: str = "kp
         first = times[index * step].as_py()
         stamp = first.strftime("%Y%m%dT%H%M%S")
         path = os.path.join(directory, f"{prefix}-{stamp}-{index + 1:06d}.parquet")
-        pq.write_table(part, path, compression=COMPRESSION, row_group_size=1_000_000)
+        pq.write_table(part, path, compression=COMPRESSION, row_group_size=row_group_rows)
         paths.append(path)
     return paths
 
@@ -190,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--row-group-rows", type=int, default=ROW_GROUP_ROWS,
+                        help="rows per Parquet row group (kproxy's writer: 1000)")
     args = parser.parse_args(argv)
-    paths = write_synthetic(args.directory, args.rows, files=args.files, seed=args.seed)
+    paths = write_synthetic(args.directory, args.rows, files=args.files, seed=args.seed,
+                            row_group_rows=args.row_group_rows)
     print(f"{args.rows:,} pairs in {len(paths)} files under {args.directory}")
     return 0
 

@@ -81,7 +81,7 @@ from pathlib import Path
 from pyspark import SparkContext
 from kproxy.pipeline import cli, jvm
 archive = jvm.ClassArchive.for_this_run(Path(sys.argv[1]))
-spark = cli.session("local[1]", archive.java_options())
+spark = cli.session("local[1]", java_options=archive.java_options())
 assert spark.range(3).count() == 3
 pid = SparkContext._gateway.proc.pid
 with open(f"/proc/{pid}/maps") as maps:
@@ -118,3 +118,13 @@ def test_only_small_captures_get_the_quick_jit(tmp_path):
     assert jvm.jit_options(jvm.QUICK_JIT_MAX_PAIRS + 1) == ""
     assert jvm.jit_options(None) == ""                 # JSONL: its size is not known up front
     assert _java("-XX:TieredStopAtLevel=1").returncode == 0
+
+
+def test_a_capture_of_known_size_gets_a_heap_that_keeps_the_jvm_small():
+    """Parquet footers give the size: the heap stops at SIZED_HEAP_MB whatever the machine
+    offers (the job keeps no large capture in memory); an unknown size keeps the machine's share."""
+    machine = 6 * 1024
+    assert jvm.heap_mb(10_000_000, machine) == jvm.SIZED_HEAP_MB < machine
+    assert jvm.heap_mb(1_000, machine) == jvm.SIZED_HEAP_MB
+    assert jvm.heap_mb(None, machine) == machine
+    assert jvm.heap_mb(10_000_000, 1024) == 1024            # never more than the machine's share

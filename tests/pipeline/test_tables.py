@@ -253,20 +253,24 @@ def test_unreadable_jsonl_lines_are_left_out_and_counted(spark, tmp_path):
 
 def test_tables_read_per_table_equal_the_shared_cache(analysed, spark, synthetic_capture, tmp_path, monkeypatch):
     """The small capture above was analysed from pairs cached in memory; read from the
-    files by each table (as larger captures are), every table comes out the same."""
+    files by each table, or rewritten once into large row groups (as larger captures are),
+    every table comes out the same."""
     from kproxy.pipeline import scan
     result, _ = analysed
     assert scan.where_kept(scan_inputs(synthetic_capture)) is scan.Kept.MEMORY
     monkeypatch.setattr(scan, "MEMORY_SCAN_MAX_PAIRS", 0)
-    assert scan.where_kept(scan_inputs(synthetic_capture)) is scan.Kept.FILES
     # ... and compiled, with the session's shuffle partitions, as larger captures run: the
     # first run's queries were interpreted (job.SMALL_CAPTURE_SQL_SETTINGS).
     monkeypatch.setattr(job, "SMALL_CAPTURE_MAX_PAIRS", 0)
-    again = analyze(spark, [str(synthetic_capture)], str(tmp_path),
-                    Options(window_seconds=WINDOW_S, top=15, report=False))
-    for name in TABLE_NAMES:
-        assert table(again, name) == table(result, name), name
-    assert spark.sparkContext._jsc.sc().getPersistentRDDs().isEmpty()      # the cache was released
+    for rows_per_group, kept in ((0, scan.Kept.FILES), (10**9, scan.Kept.COMPACTED)):
+        monkeypatch.setattr(scan, "COMPACT_BELOW_ROWS_PER_GROUP", rows_per_group)
+        assert scan.where_kept(scan_inputs(synthetic_capture)) is kept
+        out = tmp_path / kept.name
+        again = analyze(spark, [str(synthetic_capture)], str(out),
+                        Options(window_seconds=WINDOW_S, top=15, report=False))
+        for name in TABLE_NAMES:
+            assert table(again, name) == table(result, name), (kept, name)
+        assert spark.sparkContext._jsc.sc().getPersistentRDDs().isEmpty()  # the cache was released
     # The small capture's settings held for its run only (the session outlives it).
     assert spark.conf.get("spark.sql.codegen.factoryMode", None) is None
     assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
